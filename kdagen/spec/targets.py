@@ -1,0 +1,76 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one table of per-target facts. Templates, validation and the runtime read only from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+TargetName = Literal["gfx942", "gfx950", "sm_90"]
+BackendName = Literal["triton"]
+DTypeName = Literal["bf16", "fp16"]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    vendor: Literal["amd", "nvidia"]
+    triton_backend: Literal["hip", "cuda"]  # GPUTarget(backend, arch, warp_size) for Triton's AOT
+    triton_arch: str | int
+    warp_size: int
+    smem_per_block: int  # bytes a single block/workgroup may use
+    matrix_units: str
+    devices: str
+    verified: str  # how this target is verified on the project's machines
+
+
+TARGETS: dict[str, Target] = {
+    "gfx942": Target(
+        name="gfx942", vendor="amd", triton_backend="hip", triton_arch="gfx942", warp_size=64,
+        smem_per_block=64 * 1024, matrix_units="MFMA 16x16x16 bf16",
+        devices="MI300X, MI325X", verified="offline compile only (Triton AOT)",
+    ),
+    "gfx950": Target(
+        name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
+        smem_per_block=160 * 1024, matrix_units="MFMA 16x16x32 bf16",
+        devices="MI350X, MI355X", verified="offline compile only (Triton AOT)",
+    ),
+    "sm_90": Target(
+        name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
+        smem_per_block=227 * 1024, matrix_units="mma.sync / wgmma",
+        devices="H100, H200", verified="offline compile (Triton AOT) and run on an H200",
+    ),
+}
+
+BACKENDS: tuple[str, ...] = ("triton",)
+
+# dtype name -> (bytes per element, torch dtype attribute, triton dtype attribute)
+DTYPES: dict[str, tuple[int, str, str]] = {
+    "bf16": (2, "bfloat16", "bfloat16"),
+    "fp16": (2, "float16", "float16"),
+}
+
+# What the Triton templates can do. The prologue unrolls chunk_size / SUB_CHUNK sub-blocks of 16 rows,
+# and tl.dot needs every dimension >= 16.
+SUB_CHUNK = 16
+CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+WARPS: tuple[int, ...] = (1, 2, 4, 8, 16)
+MAX_STAGES = 4
+
+
+def next_pow2(x: int) -> int:
+    return 1 << (x - 1).bit_length()
+
+
+def estimate_triton_smem(head_dim_k: int, head_dim_v: int, chunk_size: int, dtype: str,
+                         block_v: int, stages: int) -> int:
+    """Shared memory the recurrence kernel (the larger of the two Triton kernels) stages per block:
+    two [BT, K] operand tiles and one [BT, BV] tile in the I/O dtype per pipeline stage. Calibrated
+    against triton 3.7's AOT figures (sm_90, 2 stages, BV 64: 72 KiB real vs 80 KiB here; gfx942,
+    1 stage, BV 32: 24 KiB real vs 36 KiB here); the AOT tests print the real figure for every variant.
+    """
+    elt = DTYPES[dtype][0]
+    bk, bv = next_pow2(head_dim_k), min(block_v, next_pow2(head_dim_v))
+    per_stage = 2 * chunk_size * bk + chunk_size * bv
+    return max(1, stages) * per_stage * elt

@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`python -m kdagen`: exit codes and messages of generate, check, list; SpecError -> exit 2."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kdagen import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE_TEMPLATES = Path(__file__).resolve().parent / "fixtures" / "templates"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    shutil.copytree(ROOT / "specs", root / "specs")
+    shutil.copytree(FIXTURE_TEMPLATES, root / "templates")
+    return root
+
+
+def test_generate_check_list(root, capsys):
+    assert cli.main(["check", "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "generated/kdagen_kernels/_registry.py: missing" in out
+    assert "run `nox -s generate`" in out
+
+    assert cli.main(["generate", "--root", str(root)]) == 0
+    assert "wrote   generated/kdagen_kernels/_registry.py" in capsys.readouterr().out
+    assert cli.main(["generate", "--root", str(root)]) == 0
+    assert "generated/kdagen_kernels/ is up to date" in capsys.readouterr().out
+    assert cli.main(["check", "--root", str(root)]) == 0
+    assert capsys.readouterr().out == "generated/kdagen_kernels/ is up to date\n"
+
+    assert cli.main(["list", "--root", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["name", "targets", "spec"]
+    assert "kda_chunk_fwd__triton__bf16__k128_v128_c64  gfx942,gfx950,sm_90  specs/kda_chunk_fwd.yaml:" in lines[1]
+
+
+def test_spec_errors_exit_2_with_all_errors(root, capsys):
+    spec = root / "specs" / "kda_chunk_fwd.yaml"
+    spec.write_text(spec.read_text().replace("chunk_size: 64", "chunk_size: 65").replace("dtype: fp16", "dtype: f16"))
+    assert cli.main(["generate", "--root", str(root)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"kdagen: {len(err) - 1} spec error(s):"
+    assert len(err) - 1 == 5  # four chunk sizes and one dtype
+    assert all(line.startswith("specs/kda_chunk_fwd.yaml:") for line in err[1:])
+    assert not (root / "generated").exists()
+
+
+def test_render_errors_exit_2(root, capsys):
+    (root / "templates" / "package" / "triton_init.py.j2").write_text("{{ stamp }}\n{{ oops }}\n")
+    assert cli.main(["check", "--root", str(root)]) == 2
+    assert capsys.readouterr().err.startswith("kdagen: render error: templates/package/triton_init.py.j2:2: ")
+
+
+def test_add_command(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_COMMANDS", dict(cli._COMMANDS))
+    cli.add_command("hello", "say hello", lambda p: p.add_argument("--who", default="you"),
+                    lambda args: print(f"hello {args.who} from {args.root.name}") or 0)
+    assert cli.main(["hello", "--who", "kda", "--root", str(ROOT)]) == 0
+    assert capsys.readouterr().out == f"hello kda from {ROOT.name}\n"
+    with pytest.raises(ValueError, match="registered twice"):
+        cli.add_command("hello", "again", None, lambda args: 0)
+
+
+def test_python_dash_m(root):
+    proc = subprocess.run([sys.executable, "-m", "kdagen", "list", "--root", str(root)], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "kda_chunk_fwd__triton__" in proc.stdout
+    assert cli.PROJECT_ROOT == ROOT
+
+
+def test_generator_commands_do_not_need_torch(root):
+    # `nox -s generate` / `nox -s check` install only jinja2 and pyyaml: keep torch/triton out of the
+    # import path of the CLI and of every module in COMMAND_MODULES (they must import torch lazily).
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
+            "from kdagen.cli import main; sys.exit(main(['generate', '--root', sys.argv[1]]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Offline (AOT) compiles of the generated Triton kernels for gfx942, gfx950 and sm_90, with no GPU.
+
+Uses Triton's own compiler (`triton.compile` on an ASTSource with a GPUTarget), which needs neither a
+driver nor torch. Reports per kernel: shared memory, registers, spills and, on AMD, scratch and the
+matrix instructions found. Must not run under TRITON_INTERPRET=1 (the kernels would be interpreted
+functions), so the tests for it run in their own process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from types import ModuleType
+
+TL_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
+
+
+@dataclass
+class KernelReport:
+    kernel: str
+    target: str
+    shared: int
+    registers: int | None = None
+    spills: int | None = None
+    scratch: int | None = None
+    mma: list[str] = field(default_factory=list)
+
+    def row(self) -> str:
+        mma = ",".join(sorted(set(self.mma)))[:60]
+        return (f"{self.kernel:15s} {self.target:7s} smem={self.shared:7d} regs={self.registers} "
+                f"spills={self.spills} scratch={self.scratch} mma={mma}")
+
+
+def _signatures(mod: ModuleType, *, lower_bound: bool, safe_diag: bool, state_mode: int) -> dict:
+    io = TL_DTYPES[mod.DTYPE]
+    i32 = "i32"
+    pro_sig = {
+        "q": f"*{io}", "k": f"*{io}", "v": f"*{io}", "raw_g": f"*{io}", "raw_beta": f"*{io}",
+        "A_log": "*fp32", "g_bias": "*fp32", "cu_seqlens": "*i32", "chunk_indices": "*i32",
+        "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}", "u_ws": f"*{io}", "aqk_ws": f"*{io}",
+        "decay_ws": "*fp32", "scale": "fp32", "lower_bound": "fp32",
+        **{s: i32 for s in ("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "H")},
+        "LOWER_BOUND": "constexpr", "HAS_BIAS": "constexpr", "USE_L2NORM": "constexpr",
+        "SAFE_DIAG": "constexpr", "DOT_F32": "constexpr",
+    }
+    pro_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "USE_L2NORM": True, "SAFE_DIAG": safe_diag,
+                 "DOT_F32": False}
+    rec_sig = {
+        "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}", "u_ws": f"*{io}", "aqk_ws": f"*{io}",
+        "decay_ws": "*fp32", "o": f"*{io}", "h0": "*fp32", "ht": "*fp32", "state_indices": "*i32",
+        "has_initial_state": "*i1", "cu_seqlens": "*i32", "chunk_offsets": "*i64", "scale": "fp32",
+        **{s: i32 for s in ("so_t", "so_h", "sh0_n", "sh0_h", "sht_n", "sht_h", "H", "n_slots")},
+        "BLOCK_V": "constexpr", "STATE_IN": "constexpr", "STATE_OUT": "constexpr", "DOT_F32": "constexpr",
+    }
+    rec_const = {"STATE_IN": state_mode, "STATE_OUT": state_mode, "DOT_F32": False}
+    return {"kda_prologue": (pro_sig, pro_const), "kda_recurrence": (rec_sig, rec_const)}
+
+
+def _ptxas_report(cubin: bytes, arch: str = "sm_90") -> tuple[int | None, int | None]:
+    """Registers and spill bytes of a cubin, from Triton's bundled cuobjdump when present."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas  # noqa: F401  (only to find the bin dir)
+        import triton.backends.nvidia as nv
+        tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
+    except Exception:  # pragma: no cover - layout differs across Triton releases
+        return None, None
+    if not os.path.exists(tool):
+        return None, None
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True)
+    m = re.search(r"REG:(\d+)", res.stdout)
+    s = re.search(r"STACK:(\d+)", res.stdout)
+    return (int(m.group(1)) if m else None), (int(s.group(1)) if s else None)
+
+
+def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, safe_diag: bool = True,
+                    state_mode: int = 1) -> list[KernelReport]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kdagen.spec.targets import TARGETS
+
+    t = TARGETS[target]
+    tun = mod.TUNING[target]
+    reports = []
+    for name, (sig, const) in _signatures(mod, lower_bound=lower_bound, safe_diag=safe_diag,
+                                          state_mode=state_mode).items():
+        const = dict(const)
+        kind = "prologue" if name == "kda_prologue" else "recurrence"
+        if name == "kda_recurrence":
+            const["BLOCK_V"] = min(tun["block_v"], mod.BV)
+        options = {"num_warps": tun[f"{kind}_warps"], "num_stages": tun[f"{kind}_stages"]}
+        if t.vendor == "amd":
+            options["matrix_instr_nonkdim"] = 16
+        fn = getattr(mod, name)
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+                           target=GPUTarget(t.triton_backend, t.triton_arch, t.warp_size), options=options)
+        rep = KernelReport(kernel=name, target=target, shared=int(k.metadata.shared))
+        if t.vendor == "amd":
+            asm = k.asm["amdgcn"]
+            rep.registers = _int(asm, r"\.vgpr_count:\s+(\d+)")
+            rep.spills = (_int(asm, r"\.vgpr_spill_count:\s+(\d+)") or 0) + (_int(asm, r"\.sgpr_spill_count:\s+(\d+)") or 0)
+            rep.scratch = _int(asm, r"\.private_segment_fixed_size:\s+(\d+)")
+            rep.mma = re.findall(r"\b(v_mfma_\w+)", asm)
+        else:
+            rep.registers, rep.spills = _ptxas_report(k.asm["cubin"])
+            rep.mma = re.findall(r"\b(wgmma\.mma_async\.\S+|mma\.sync\.\S+)", k.asm["ptx"])
+        reports.append(rep)
+    return reports
+
+
+def _int(text: str, pattern: str) -> int | None:
+    m = re.search(pattern, text)
+    return int(m.group(1)) if m else None

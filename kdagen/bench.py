@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`python -m kdagen bench`: time chunk_kda_prefill (and FLA's chunk_kda when importable) on the GPU.
+
+GPU time is the median of CUDA-graph replays (triton.testing.do_bench_cudagraph); eager time is the
+median of plain calls, Python included (do_bench). The floor is max(bytes / copy bandwidth, FLOPs /
+bf16 matmul rate), both measured in the same run. Writes a table to stdout, a CSV and a PNG plot.
+Every implementation is checked against the float64 reference on a small shape before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from kdagen.cli import add_command
+
+# performance.md: (H, T, N) with N equal sequences packed into T tokens.
+SHAPES = [(h, t, n) for h in (12, 32, 96) for (t, n) in ((4096, 1), (16384, 1), (65536, 1), (16384, 16), (65536, 64))]
+QUICK = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16)]
+BYTES_PER_TOKEN_HEAD = 1282  # read q, k, v, raw_g, raw_beta; write o (bf16, K = V = 128)
+STATE_BYTES_PER_SEQ_HEAD = 2 * 128 * 128 * 4  # fp32 state in and out
+FLOPS_PER_TOKEN_HEAD = 181_589  # 6d^2 + 10Cd + C^2/3 at C = 64, d = 128
+
+
+def _inputs(H: int, T: int, N: int, seed: int = 0):
+    import torch
+
+    import kdagen_kernels
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+
+    def rn(*s):
+        return torch.randn(*s, device=dev, generator=g)
+
+    cu = torch.arange(N + 1, dtype=torch.int32, device=dev) * (T // N)
+    cu[-1] = T
+    args = dict(q=rn(1, T, H, 128).bfloat16(), k=rn(1, T, H, 128).bfloat16(), v=rn(1, T, H, 128).bfloat16(),
+                raw_g=rn(1, T, H, 128).bfloat16(), raw_beta=rn(1, T, H).bfloat16(),
+                A_log=torch.rand(H, device=dev, generator=g), g_bias=torch.rand(H * 128, device=dev, generator=g),
+                initial_state=rn(N, H, 128, 128), output_final_state=True, lower_bound=-5.0,
+                use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    ci, co = kdagen_kernels.prepare_chunk_metadata_device(cu, cu.cpu(), 64)
+    return args, ci, co
+
+
+def _impls():
+    import kdagen_kernels
+
+    impls = {}
+
+    def ours(args, ci, co, out):
+        return lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out)
+
+    impls["kdagen-triton"] = ours
+    try:
+        from fla.ops.kda import chunk_kda
+
+        def fla(args, ci, co, out):
+            cu = args["cu_seqlens"].long()
+            cu_cpu = cu.cpu()
+            return lambda: chunk_kda(
+                q=args["q"], k=args["k"], v=args["v"], g=args["raw_g"], beta=args["raw_beta"],
+                initial_state=args["initial_state"], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+                state_v_first=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu, A_log=args["A_log"],
+                dt_bias=args["g_bias"])
+
+        impls["fla-safe-gate"] = fla
+    except Exception as exc:  # fla-core is optional
+        print(f"fla-core not importable ({type(exc).__name__}); timing kdagen only", file=sys.stderr)
+    return impls
+
+
+def _ceilings() -> tuple[float, float]:
+    import torch
+    import triton
+
+    x = torch.empty(2**28, dtype=torch.float32, device="cuda").uniform_()
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
+    bw = 2 * x.numel() * 4 / (ms * 1e-3)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
+    return bw, 2 * 8192**3 / (ms * 1e-3)
+
+
+def _validate(impls) -> None:
+    from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+
+    args, ci, co = _inputs(4, 1000, 3, seed=1)
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    for name, make in impls.items():
+        o, s = make(args, ci, co, None)()
+        eo, es = rel_l2(o, ref_o), rel_l2(s, ref_s)
+        print(f"check {name}: rel L2 output {eo:.2e}, final state {es:.2e}", file=sys.stderr)
+        if not (eo < 1e-2 and es < 1e-2):
+            raise SystemExit(f"{name} disagrees with the float64 reference; not timing it")
+
+
+def run_bench(shapes, out_dir: Path) -> list[dict]:
+    import torch
+    import triton
+
+    impls = _impls()
+    _validate(impls)
+    bw, flops = _ceilings()
+    print(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", file=sys.stderr)
+    rows = []
+    for i, (H, T, N) in enumerate(shapes):
+        args, ci, co = _inputs(H, T, N)
+        out = torch.empty_like(args["v"])
+        floor_ms = 1e3 * max((BYTES_PER_TOKEN_HEAD * T * H + STATE_BYTES_PER_SEQ_HEAD * N * H) / bw,
+                             FLOPS_PER_TOKEN_HEAD * T * H / flops)
+        base = None
+        for name, make in impls.items():
+            fn = make(args, ci, co, out)
+            fn()  # compile / autotune outside the graph
+            torch.cuda.synchronize()
+            try:
+                gpu = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+            except Exception as exc:  # a peer that syncs inside its call cannot be captured
+                print(f"{name}: graph capture failed ({exc}); timing it eagerly", file=sys.stderr)
+                torch.cuda.synchronize()
+                gpu = triton.testing.do_bench(fn, rep=100, return_mode="median")
+            eager = triton.testing.do_bench(fn, rep=100, return_mode="median")
+            if name.startswith("fla"):
+                base = gpu
+            rows.append(dict(impl=name, H=H, T=T, N=N, gpu_ms=gpu, eager_ms=eager, floor_ms=floor_ms,
+                             mtok_s=T / gpu / 1e3, pct_floor=100 * floor_ms / gpu))
+        for r in rows[-len(impls):]:
+            r["speedup_vs_fla"] = (base / r["gpu_ms"]) if base else float("nan")
+        print(f"[{i + 1}/{len(shapes)}] H={H} T={T} N={N} done", file=sys.stderr)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_csv(rows, out_dir / "bench.csv")
+    _plot(rows, out_dir / "bench.png")
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'impl':14s} {'H':>3s} {'T':>6s} {'N':>3s} {'gpu ms':>8s} {'eager ms':>9s} {'floor ms':>8s} " \
+           f"{'Mtok/s':>7s} {'%floor':>6s} {'vs FLA':>6s}"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['impl']:14s} {r['H']:3d} {r['T']:6d} {r['N']:3d} {r['gpu_ms']:8.3f} {r['eager_ms']:9.3f} "
+                     f"{r['floor_ms']:8.3f} {r['mtok_s']:7.1f} {r['pct_floor']:6.1f} {r['speedup_vs_fla']:6.2f}")
+    return "\n".join(lines)
+
+
+def _write_csv(rows, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _plot(rows, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        print("matplotlib not importable; no plot", file=sys.stderr)
+        return
+    shapes = sorted({(r["H"], r["T"], r["N"]) for r in rows})
+    impls = sorted({r["impl"] for r in rows})
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(shapes)), 7))
+    for j, impl in enumerate(impls):
+        by = {(r["H"], r["T"], r["N"]): r for r in rows if r["impl"] == impl}
+        xs = [i + 0.4 * j for i in range(len(shapes))]
+        axes[0].bar(xs, [by[s]["gpu_ms"] for s in shapes], width=0.4, label=impl)
+        axes[1].bar(xs, [by[s]["pct_floor"] for s in shapes], width=0.4, label=impl)
+    for ax, lab in zip(axes, ("GPU time (ms, log)", "% of floor")):
+        ax.set_xticks(range(len(shapes)), [f"H{h}\nT{t}\nN{n}" for h, t, n in shapes], fontsize=7)
+        ax.set_ylabel(lab)
+        ax.legend()
+    axes[0].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="three shapes instead of the fifteen of performance.md")
+    p.add_argument("--shape", action="append", default=[], metavar="H:T:N", help="add a shape (repeatable)")
+    p.add_argument("--out-dir", type=Path, default=Path("bench-results"), help="where the CSV and PNG go")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kdagen bench needs a GPU", file=sys.stderr)
+        return 2
+    shapes = [tuple(int(x) for x in s.split(":")) for s in args.shape] or (QUICK if args.quick else SHAPES)
+    rows = run_bench(shapes, args.out_dir)
+    print(format_table(rows))
+    print(f"CSV and plot: {args.out_dir}/bench.csv, {args.out_dir}/bench.png")
+    return 0
+
+
+add_command("bench", "time chunk_kda_prefill (and FLA when importable) on the GPU", _configure, _run)

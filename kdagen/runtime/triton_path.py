@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Launches of the generated Triton kernels: workspaces, grids and tuning. Arguments are checked before."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import triton
+
+from .device import INTERPRETER, interpreting
+
+# A bounded gate keeps |g| < |lower_bound| per token; up to this bound 8 tokens of decay stay inside
+# fp32's exp2 range, which the prologue's middle-row reference for the diagonal blocks needs.
+SAFE_DIAG_MIN_LOWER_BOUND = -10.0
+
+
+@dataclass(frozen=True)
+class StateArgs:
+    """Where the walk reads its initial state and writes its final state (V-first [., H, V, K] fp32)."""
+
+    mode_in: int = 0  # 0 zeros, 1 dense, 2 paged
+    mode_out: int = 0  # 0 none, 1 dense, 2 paged
+    h0: torch.Tensor | None = None
+    ht: torch.Tensor | None = None
+    state_indices: torch.Tensor | None = None
+    has_initial_state: torch.Tensor | None = None
+
+
+def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
+    if target == INTERPRETER:
+        return next(iter(mod.TUNING.values()))
+    return mod.TUNING[target]
+
+
+def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        raw_g: torch.Tensor, raw_beta: torch.Tensor, A_log: torch.Tensor, g_bias: torch.Tensor | None,
+        scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens: torch.Tensor,
+        chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, out: torch.Tensor,
+        state: StateArgs) -> None:
+    """Run prologue + recurrence for packed [1, T, H, *] inputs, writing `out` and the states in place."""
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    n_seq = cu_seqlens.numel() - 1
+    n_chunks = chunk_indices.shape[0]
+    tun = tuning_for(mod, target)
+    dev = q.device
+    dot_f32 = interpreting()
+    # The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
+    # workspace stays fp32 and CPU tests see the algorithm's own error; GPU runs store the I/O dtype.
+    io = torch.float32 if dot_f32 else q.dtype
+
+    qg = torch.empty(T, H, mod.BK, dtype=io, device=dev)
+    w = torch.empty_like(qg)
+    kg = torch.empty_like(qg)
+    u = torch.empty(T, H, mod.BV, dtype=io, device=dev)
+    aqk = torch.empty(T, H, mod.CHUNK_SIZE, dtype=io, device=dev)
+    decay = torch.empty(max(n_chunks, 1), H, mod.BK, dtype=torch.float32, device=dev)
+
+    if n_chunks > 0:
+        mod.kda_prologue[(n_chunks, H)](
+            q, k, v, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log,
+            cu_seqlens, chunk_indices,
+            qg, w, kg, u, aqk, decay,
+            float(scale), float(lower_bound) if lower_bound is not None else 0.0,
+            q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+            raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
+            H,
+            LOWER_BOUND=lower_bound is not None,
+            HAS_BIAS=g_bias is not None,
+            USE_L2NORM=bool(use_qk_l2norm),
+            SAFE_DIAG=lower_bound is not None and lower_bound >= SAFE_DIAG_MIN_LOWER_BOUND,
+            DOT_F32=dot_f32,
+            num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"],
+        )
+    if n_seq == 0 or H == 0:
+        return
+    block_v = min(tun["block_v"], mod.BV)
+    h0 = state.h0 if state.h0 is not None else decay  # any valid pointer when unused
+    ht = state.ht if state.ht is not None else decay
+    idx = state.state_indices if state.state_indices is not None else cu_seqlens
+    flag = state.has_initial_state if state.has_initial_state is not None else cu_seqlens
+    mod.kda_recurrence[(n_seq * H, triton.cdiv(V, block_v))](
+        qg, w, kg, u, aqk, decay,
+        out, h0, ht, idx, flag,
+        cu_seqlens, chunk_offsets,
+        float(scale),
+        out.stride(1), out.stride(2),
+        h0.stride(0) if state.h0 is not None else 0, h0.stride(1) if state.h0 is not None else 0,
+        ht.stride(0) if state.ht is not None else 0, ht.stride(1) if state.ht is not None else 0,
+        H, state.ht.shape[0] if state.mode_out == 2 else 0,
+        BLOCK_V=block_v, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, DOT_F32=dot_f32,
+        num_warps=tun["recurrence_warps"], num_stages=tun["recurrence_stages"],
+    )

@@ -1,0 +1,155 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Triton path numerics in the interpreter against the float64 reference, for every generated variant.
+
+Runs under TRITON_INTERPRET=1 on CPU tensors. Shapes stay small (the interpreter runs programs one
+after another); every variant of the registry is covered, so a new spec variant is tested here
+without touching this file.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import kdagen_kernels
+from kdagen.reference import chunk_kda_prefill_reference
+from tests.kda_cases import TOL, check, make_inputs, poisoned_out
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter numerics: run with TRITON_INTERPRET=1")
+
+TRITON = [e for e in kdagen_kernels.VARIANTS if e.backend == "triton"]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _heads(e) -> int:
+    return 1 if max(e.head_dim_k, e.head_dim_v) > 128 else 2
+
+
+def _lens(e) -> list[int]:
+    # Ragged: a sequence spanning chunks with a ragged tail, an empty one, a single token, and one
+    # exactly a chunk long.
+    c = e.chunk_size
+    return [c + c // 2 + 3, 0, 1, c]
+
+
+def _run(e, args, tol_o=TOL[("interp", "o")], tol_s=TOL[("interp", "state")]):
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    out = poisoned_out(args["v"])
+    o, s = kdagen_kernels.chunk_kda_prefill(**args, out=out)
+    assert o is out
+    check(f"{e.name} output", o, ref_o, tol_o)
+    if ref_s is not None:
+        check(f"{e.name} final state", s, ref_s, tol_s)
+    return o, s
+
+
+@pytest.mark.parametrize("e", TRITON, ids=lambda e: e.name)
+@pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["lower_bound_gate", "softplus_gate"])
+def test_ragged_batch_matches_reference(e, lower_bound):
+    args = make_inputs(_lens(e), _heads(e), e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu",
+                       lower_bound=lower_bound, seed=1)
+    _run(e, args)
+
+
+@pytest.mark.parametrize("e", TRITON[:1], ids=lambda e: e.name)
+def test_without_bias_or_initial_state(e):
+    args = make_inputs([e.chunk_size + 5, 2], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu",
+                       g_bias=False, h0=False, seed=2)
+    args["output_final_state"] = True
+    _run(e, args)
+
+
+def _small():
+    return min(TRITON, key=lambda e: (e.dtype != "bf16", e.head_dim_k * e.head_dim_v))
+
+
+def test_strided_raw_projections():
+    e = _small()
+    args = make_inputs([40, 7], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", strided=True, seed=3)
+    assert not args["raw_g"].is_contiguous() and not args["raw_beta"].is_contiguous()
+    _run(e, args)
+
+
+def test_out_is_a_strided_view_of_a_larger_buffer():
+    e = _small()
+    args = make_inputs([30, 3], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", seed=4)
+    ref_o, _ = chunk_kda_prefill_reference(**args)
+    big = torch.full((1, 33, 2, e.head_dim_v + 8), float("nan"), dtype=args["v"].dtype)
+    out = big[..., 4:4 + e.head_dim_v]
+    o, _ = kdagen_kernels.chunk_kda_prefill(**args, out=out)
+    assert o.data_ptr() == out.data_ptr()
+    check("strided out", o, ref_o, TOL[("interp", "o")])
+    assert torch.isnan(big[..., :4]).all() and torch.isnan(big[..., 4 + e.head_dim_v:]).all()
+
+
+def test_state_cache_gather_run_scatter_in_place():
+    e = _small()
+    H, K, V = 2, e.head_dim_k, e.head_dim_v
+    args = make_inputs([20, 0, 1, 9], H, K, V, DTYPES[e.dtype], "cpu", seed=5)
+    h0 = args.pop("initial_state")
+    args.pop("output_final_state")
+    cache = torch.randn(7, H, V, K)
+    rows = torch.tensor([5, 0, 2, 3], dtype=torch.int32)
+    flags = torch.tensor([True, False, True, False])
+    cache[rows.long()] = h0
+    cache[0] = float("nan")  # sequence 1 starts from zero: its row must never be read
+    cache[3] = float("nan")
+    before = cache.clone()
+    ref_cache = cache.clone()
+    ref_o, none = chunk_kda_prefill_reference(**args, state_cache=ref_cache, state_indices=rows,
+                                              has_initial_state=flags)
+    assert none is None
+    o, s = kdagen_kernels.chunk_kda_prefill(**args, state_cache=cache, state_indices=rows,
+                                            has_initial_state=flags)
+    assert s is None
+    check("state-cache output", o, ref_o, TOL[("interp", "o")])
+    for r in (5, 0, 2, 3):
+        check(f"cache row {r}", cache[r], ref_cache[r].float(), TOL[("interp", "state")])
+    for r in (1, 4, 6):  # rows outside state_indices stay bit-identical
+        assert torch.equal(cache[r], before[r])
+
+
+def test_batch_without_cu_seqlens_equals_packed():
+    e = _small()
+    H, K, V = 2, e.head_dim_k, e.head_dim_v
+    args = make_inputs([19, 19], H, K, V, DTYPES[e.dtype], "cpu", seed=6)
+    packed_o, packed_s = kdagen_kernels.chunk_kda_prefill(**args)
+    batched = dict(args)
+    del batched["cu_seqlens"]
+    for name in ("q", "k", "v", "raw_g"):
+        batched[name] = args[name].view(2, 19, H, -1)
+    batched["raw_beta"] = args["raw_beta"].view(2, 19, H)
+    o, s = kdagen_kernels.chunk_kda_prefill(**batched)
+    assert o.shape == (2, 19, H, V)
+    assert torch.equal(o.view_as(packed_o), packed_o)
+    assert torch.equal(s, packed_s)
+
+
+def test_prenormalized_inputs_without_in_kernel_l2norm():
+    e = _small()
+    args = make_inputs([25], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", seed=7)
+    for name in ("q", "k"):
+        x = args[name].double()
+        args[name] = (x / x.norm(dim=-1, keepdim=True)).to(args[name].dtype)
+    args["use_qk_l2norm_in_kernel"] = False
+    _run(e, args)
+
+
+def test_caller_built_chunk_metadata_is_used():
+    e = next(x for x in TRITON if x.chunk_size == 64) if any(x.chunk_size == 64 for x in TRITON) else _small()
+    args = make_inputs([70, 0, 5], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", seed=8)
+    ci, co = kdagen_kernels.prepare_chunk_metadata_device(args["cu_seqlens"], args["cu_seqlens"], e.chunk_size)
+    o1, s1 = kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co)
+    o2, s2 = kdagen_kernels.chunk_kda_prefill(**args)
+    assert torch.equal(o1, o2) and torch.equal(s1, s2)
+
+
+def test_all_empty_batch_passes_initial_state_through():
+    e = _small()
+    args = make_inputs([0, 0], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", seed=9)
+    o, s = kdagen_kernels.chunk_kda_prefill(**args)
+    assert o.shape[1] == 0
+    assert torch.equal(s, args["initial_state"])

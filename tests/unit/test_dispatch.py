@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The generated chunk_kda_prefill: the seed's signature and contract, dispatch decisions and errors.
+
+Errors are raised before any kernel runs, so these tests need neither a GPU nor the interpreter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import kdagen_kernels
+from kdagen.runtime.errors import NoVariantError
+from tests.kda_cases import make_inputs
+
+# vLLM's chunk_kda_prefill (vllm.models.kimi_k3.amd.ops.kda_prefill): parameter names, order, defaults.
+SEED_PARAMS = [
+    ("q", inspect.Parameter.empty), ("k", inspect.Parameter.empty), ("v", inspect.Parameter.empty),
+    ("raw_g", inspect.Parameter.empty), ("raw_beta", inspect.Parameter.empty), ("A_log", inspect.Parameter.empty),
+    ("g_bias", None), ("scale", None), ("initial_state", None), ("output_final_state", False),
+    ("lower_bound", None), ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
+    ("chunk_indices", None), ("chunk_offsets", None), ("use_fused_chunk", False), ("out", None),
+    ("checkpoint_state", None), ("checkpoint_offsets", None), ("checkpoint_state_indices", None),
+    ("state_cache", None), ("state_indices", None), ("has_initial_state", None),
+]
+
+
+def test_signature_is_the_seeds():
+    sig = inspect.signature(kdagen_kernels.chunk_kda_prefill)
+    got = [(p.name, p.default) for p in sig.parameters.values()]
+    assert got == SEED_PARAMS
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in sig.parameters.values())
+    assert sig.return_annotation == "tuple[torch.Tensor, torch.Tensor | None]"
+
+
+def test_metadata_helper_signatures_are_the_seeds():
+    assert list(inspect.signature(kdagen_kernels.prepare_chunk_metadata_device).parameters) == [
+        "cu_seqlens", "cu_seqlens_cpu", "chunk_size"]
+    assert list(inspect.signature(kdagen_kernels.build_conv1d_chunk_schedule).parameters) == [
+        "query_start_loc_cpu", "block_m", "device"]
+
+
+def _args(**kw):
+    e = kdagen_kernels.VARIANTS[0]
+    return make_inputs([9, 3], 2, e.head_dim_k, e.head_dim_v, torch.bfloat16, "cpu", **kw)
+
+
+def test_no_fused_variant_is_generated_yet():
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
+    assert not kdagen_kernels.can_use_fused_kda_chunk(96, 96, torch.float32, 48)
+
+
+def test_checkpoint_export_on_the_triton_path_is_refused():
+    args = _args()
+    with pytest.raises(NotImplementedError, match="checkpoint"):
+        kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True,
+                                         checkpoint_state=torch.zeros(2, 2, 128, 128),
+                                         checkpoint_offsets=torch.tensor([0, 0], dtype=torch.int32))
+
+
+def test_checkpoint_state_without_offsets_is_refused():
+    with pytest.raises(ValueError, match="without checkpoint_offsets"):
+        kdagen_kernels.chunk_kda_prefill(**_args(), checkpoint_state=torch.zeros(2, 2, 128, 128))
+
+
+@pytest.mark.parametrize("extra", [{"initial_state": "keep"}, {"output_final_state": True}])
+def test_state_cache_excludes_dense_state(extra):
+    args = _args(h0=False)
+    if extra.get("initial_state") == "keep":
+        args["initial_state"] = torch.zeros(2, 2, 128, 128)
+    else:
+        args.update(extra)
+    with pytest.raises(ValueError, match="state_cache replaces initial_state/output_final_state"):
+        kdagen_kernels.chunk_kda_prefill(**args, state_cache=torch.zeros(4, 2, 128, 128),
+                                         state_indices=torch.tensor([0, 1], dtype=torch.int32),
+                                         has_initial_state=torch.tensor([True, True]))
+
+
+def test_state_cache_needs_indices_and_flags():
+    with pytest.raises(ValueError, match="state_cache needs state_indices and has_initial_state"):
+        kdagen_kernels.chunk_kda_prefill(**_args(h0=False), state_cache=torch.zeros(4, 2, 128, 128))
+
+
+def test_unknown_head_dims_name_the_spec_to_edit():
+    args = make_inputs([9], 2, 96, 96, torch.bfloat16, "cpu")
+    with pytest.raises(NoVariantError) as ei:
+        kdagen_kernels.chunk_kda_prefill(**args)
+    msg = str(ei.value)
+    assert "head_dim_k=96" in msg and "specs/kda_chunk_fwd.yaml" in msg and "nox -s generate" in msg
+
+
+@pytest.mark.parametrize("mutate,exc,needle", [
+    (lambda a: a.update(k=a["k"][..., :64]), ValueError, "k must be of shape"),
+    (lambda a: a.update(v=a["v"].float()), TypeError, "v must be one of torch.bfloat16"),
+    (lambda a: a.update(q=a["q"].float(), k=a["k"].float()), TypeError, "q must be one of"),
+    (lambda a: a.update(raw_beta=a["raw_beta"][..., None]), ValueError, "raw_beta must be 3-D"),
+    (lambda a: a.update(A_log=a["A_log"][:1]), ValueError, "A_log must be 2 values"),
+    (lambda a: a.update(g_bias=a["g_bias"][:5]), ValueError, "g_bias must be 256 values"),
+    (lambda a: a.update(cu_seqlens=a["cu_seqlens"].float()), TypeError, "cu_seqlens must be one of"),
+    (lambda a: a.update(initial_state=a["initial_state"].transpose(2, 3)[:, :, :64]), ValueError,
+     "initial_state must be of shape"),
+    (lambda a: a.update(initial_state=a["initial_state"].double()), TypeError, "initial_state must be one of"),
+    (lambda a: a.update(lower_bound=0.5), ValueError, "lower_bound must be None or a finite negative"),
+    (lambda a: a.update({n: a[n].expand(2, *a[n].shape[1:]) for n in ("q", "k", "v", "raw_g", "raw_beta")}),
+     ValueError, "batch size 1 when cu_seqlens"),
+    (lambda a: a.update(q=a["q"].transpose(2, 3).contiguous().transpose(2, 3)), ValueError,
+     "q must be dense in its last dim"),
+    (lambda a: a.update(chunk_indices=torch.zeros(3, 3, dtype=torch.int32)), ValueError, "chunk_indices must be"),
+    (lambda a: a.update(q="not a tensor"), TypeError, "q must be a torch.Tensor"),
+])
+def test_bad_arguments_get_clear_errors(mutate, exc, needle):
+    args = _args()
+    mutate(args)
+    with pytest.raises(exc, match=needle.replace("(", r"\(").replace("[", r"\[")):
+        kdagen_kernels.chunk_kda_prefill(**args)
+
+
+def test_a_rejected_call_writes_nothing():
+    args = _args(h0=False)
+    out = torch.full_like(args["v"], 7.0)
+    cache = torch.randn(4, 2, 128, 128)
+    before = cache.clone()
+    with pytest.raises(ValueError):
+        kdagen_kernels.chunk_kda_prefill(**dict(args, g_bias=args["g_bias"][:3]), out=out, state_cache=cache,
+                                         state_indices=torch.tensor([0, 1], dtype=torch.int32),
+                                         has_initial_state=torch.tensor([True, False]))
+    assert torch.equal(cache, before) and bool((out == 7.0).all())
+
+
+def test_state_cache_shape_is_checked():
+    args = _args(h0=False)
+    with pytest.raises(ValueError, match=r"state_cache must be \[slots, 2, 128, 128\]"):
+        kdagen_kernels.chunk_kda_prefill(**args, state_cache=torch.zeros(4, 2, 64, 128),
+                                         state_indices=torch.tensor([0, 1], dtype=torch.int32),
+                                         has_initial_state=torch.tensor([True, False]))
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        kdagen_kernels.chunk_kda_prefill(**_args())

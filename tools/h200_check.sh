@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One whole GPU check for the device machine (the H200): environment, GPU tests, then the quick
+# benchmark, with logs under $OUT (or ./gpu-out). Usage: bash tools/h200_check.sh [pytest args...]
+set -uo pipefail
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH="$PWD:$PWD/generated${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Optional peers (fla-core + einops) travel as wheels in .whl/ (not committed).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+python3 -m pytest tests/gpu -q -rs -s "$@" 2>&1 | tee "$OUT/gpu-tests.log"; rc=${PIPESTATUS[0]}
+if [ "${KDAGEN_SKIP_BENCH:-0}" != 1 ]; then
+  python3 -m kdagen bench ${KDAGEN_BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tee "$OUT/bench.log"
+fi
+echo "gpu tests exit code: $rc"
+exit $rc

@@ -16,6 +16,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def debug_enabled() -> bool:
+    """KDAGEN_DEBUG=1: run the data-dependent argument checks on device tensors too (they sync)."""
+    return os.environ.get("KDAGEN_DEBUG", "0") not in ("", "0")
+
+
 @functools.lru_cache(maxsize=None)
 def _device_target(device_type: str, index: int | None) -> str:
     if device_type == "cpu":

@@ -17,6 +17,8 @@ from .device import interpreting, target_of
 from .metadata import prepare_chunk_indices, prepare_chunk_offsets
 from .registry import DTYPE_NAMES, VariantEntry, select_variant
 from .validate import OP, Problem, check_inputs, check_state_cache
+from . import debug_checks  # hardening: data-dependent checks
+from .validate import check_flags, check_optional_args  # hardening: flags, optional args, aliasing
 
 log = logging.getLogger("kdagen")
 
@@ -88,6 +90,7 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
                       has_initial_state=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not isinstance(k, torch.Tensor) or k.dim() < 1:
         raise TypeError(f"{OP}: k must be a [B, T, H, K] torch.Tensor, got {type(k).__name__}")
+    check_flags(output_final_state, use_qk_l2norm_in_kernel, use_fused_chunk)  # hardening
     if scale is None:
         scale = k.shape[-1] ** -0.5
 
@@ -115,6 +118,9 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
     device = q.device
     if state_cache is not None:
         check_state_cache(p, state_cache, state_indices, has_initial_state, device)
+    check_optional_args(p, device, out=out, state_cache=state_cache, state_indices=state_indices,  # hardening
+                        has_initial_state=has_initial_state, checkpoint_state=checkpoint_state,
+                        checkpoint_offsets=checkpoint_offsets, checkpoint_state_indices=checkpoint_state_indices)
     if device.type == "cpu" and not interpreting():
         raise ValueError(f"{OP}: the tensors are on the CPU; run on a GPU, or set TRITON_INTERPRET=1 "
                          "before importing kdagen_kernels to use Triton's CPU interpreter")
@@ -125,6 +131,12 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
     target = target_of(device)
     entry = select_variant(variants, backend="triton", head_dim_k=p.K, head_dim_v=p.V, dtype=q.dtype,
                            target=target)
+    # hardening: value checks (CPU tensors always, device tensors with KDAGEN_DEBUG=1); the chunk size is
+    # the selected variant's, so they run here, still before anything is written.
+    debug_checks.check_data(p, entry.chunk_size, device, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+                            chunk_offsets=chunk_offsets, state_cache=state_cache, state_indices=state_indices,
+                            checkpoint_state=checkpoint_state, checkpoint_offsets=checkpoint_offsets,
+                            checkpoint_state_indices=checkpoint_state_indices)
     mod = _module(entry, target)
     cu, ci, co = _packed_metadata(p, entry.chunk_size, device, cu_seqlens, chunk_indices, chunk_offsets)
 

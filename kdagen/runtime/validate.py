@@ -9,6 +9,7 @@ and, where there is one, the fix. They all run before anything is written, so a 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,78 @@ def unit_last_stride(arg: str, t: torch.Tensor) -> None:
         fail(arg, "dense in its last dim (stride 1)", f"strides {t.stride()}", f"Pass {arg}.contiguous()")
 
 
+def _what(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return _desc(x)
+    r = repr(x)
+    return f"{type(x).__name__} {r if len(r) <= 60 else r[:57] + '...'}"
+
+
+def dense_tail(arg: str, t: torch.Tensor, ndims: int, what: str, fix: str) -> None:
+    """The last `ndims` dims of t are dense (row-major, stride 1 last); size-1 dims may have any stride."""
+    expected = 1
+    for d in range(t.dim() - 1, t.dim() - 1 - ndims, -1):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            fail(arg, f"dense in its {what} dims (strides {_dense_strides(t, ndims)})", f"strides {t.stride()}", fix)
+        expected *= t.shape[d]
+
+
+def _dense_strides(t: torch.Tensor, ndims: int) -> tuple[int, ...]:
+    out, s = [], 1
+    for d in range(t.dim() - 1, t.dim() - 1 - ndims, -1):
+        out.append(s)
+        s *= t.shape[d]
+    return tuple(reversed(out))
+
+
+def contiguous_1d(arg: str, t: torch.Tensor, fix: str = "") -> None:
+    """The kernels index 1-D metadata tensors as `ptr + i`: they must have stride 1."""
+    if t.numel() > 1 and t.stride(0) != 1:
+        fail(arg, "contiguous (stride 1; the kernels read it as ptr + i)", f"stride {t.stride(0)}",
+             fix or f"Pass {arg}.contiguous()")
+
+
+def flag(arg: str, x: object) -> None:
+    # numpy bools are not ints; accept them, they come from host-side metadata builders.
+    if isinstance(x, bool) or (type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_")):
+        return
+    fail(arg, "a bool", _what(x), "Pass True or False (a tensor would need a device sync to read)", exc=TypeError)
+
+
+def check_flags(output_final_state, use_qk_l2norm_in_kernel, use_fused_chunk) -> None:
+    """The bool arguments are bools: a truthy tensor or string would silently pick a code path."""
+    flag("output_final_state", output_final_state)
+    flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    flag("use_fused_chunk", use_fused_chunk)
+
+
+def _real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int] | None:
+    if t.numel() == 0:
+        return None
+    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
+    return t.data_ptr(), t.data_ptr() + (span + 1) * t.element_size()
+
+
+def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory a and b span intersects (conservative for interleaved strided views)."""
+    if a.device != b.device:
+        return False
+    ra, rb = _byte_range(a), _byte_range(b)
+    return ra is not None and rb is not None and ra[0] < rb[1] and rb[0] < ra[1]
+
+
+def no_overlap(arg: str, t: torch.Tensor, other: str, o: torch.Tensor | None, why: str) -> None:
+    if o is not None and may_overlap(t, o):
+        fail(arg, f"memory disjoint from {other} ({why})",
+             f"{arg} spanning bytes [{_byte_range(t)[0]:#x}, {_byte_range(t)[1]:#x}) and {other} "
+             f"[{_byte_range(o)[0]:#x}, {_byte_range(o)[1]:#x})",
+             f"Pass a separate buffer as {arg}")
+
+
 @dataclass(frozen=True)
 class Problem:
     B: int
@@ -86,10 +159,14 @@ def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu
         tensor("g_bias", g_bias, dtypes=FLOAT_DTYPES, device=dev)
         if g_bias.numel() != H * K:
             fail("g_bias", f"{H * K} values (H * K, viewed [H, K])", _desc(g_bias))
-    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        fail("scale", "a finite float", repr(scale), exc=TypeError)
-    if lower_bound is not None and (not isinstance(lower_bound, (int, float)) or not math.isfinite(lower_bound)
-                                    or lower_bound >= 0):
+    if not _real(scale):
+        fail("scale", "None or a finite float", _what(scale), exc=TypeError)
+    if not math.isfinite(scale):
+        fail("scale", "None or a finite float", repr(scale), "The default is K ** -0.5")
+    if lower_bound is not None and not _real(lower_bound):
+        fail("lower_bound", "None or a finite negative float (the gate lies in (lower_bound, 0))",
+             _what(lower_bound), exc=TypeError)
+    if lower_bound is not None and (not math.isfinite(lower_bound) or lower_bound >= 0):
         fail("lower_bound", "None or a finite negative float (the gate lies in (lower_bound, 0))",
              repr(lower_bound))
 
@@ -100,6 +177,7 @@ def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu
         if B != 1:
             fail("q", "of batch size 1 when cu_seqlens is given (packed varlen)", f"batch size {B}",
                  "Pack the sequences into [1, T_total, H, K] or drop cu_seqlens")
+        contiguous_1d("cu_seqlens", cu_seqlens)
         N = cu_seqlens.numel() - 1
     else:
         N = B
@@ -118,10 +196,17 @@ def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu
     if initial_state is not None:
         tensor("initial_state", initial_state, dims=4, dtypes=(torch.float32,), device=dev)
         shape("initial_state", initial_state, (N, H, V, K), "[N, H, V, K] V-first fp32")
+        # The walk reads row (n, h) at h0 + n * stride0 + h * stride1 + v * K + k.
+        dense_tail("initial_state", initial_state, 2, "[V, K]",
+                   "Pass initial_state.contiguous() (a transposed K-first [N, H, K, V] state is a V-first "
+                   "state only once it is made contiguous)")
     if out is not None:
         tensor("out", out, dims=4, dtypes=(v.dtype,), device=dev)
         shape("out", out, tuple(v.shape), "like v")
         unit_last_stride("out", out)
+        # The recurrence reads initial_state in the same launch that writes out. (q, k, v, raw_g and
+        # raw_beta are read only by the prologue, which completes before out is written.)
+        no_overlap("out", out, "initial_state", initial_state, "the walk reads it while writing out")
     return Problem(B, T, H, K, V, N)
 
 
@@ -134,5 +219,55 @@ def check_state_cache(p: Problem, state_cache, state_indices, has_initial_state,
              f"strides {state_cache.stride()}")
     tensor("state_indices", state_indices, dims=1, dtypes=INDEX_DTYPES, device=device)
     shape("state_indices", state_indices, (p.N,), "one cache row per sequence")
+    contiguous_1d("state_indices", state_indices)
     tensor("has_initial_state", has_initial_state, dims=1, dtypes=(torch.bool,), device=device)
     shape("has_initial_state", has_initial_state, (p.N,), "one flag per sequence")
+    contiguous_1d("has_initial_state", has_initial_state)
+
+
+def check_optional_args(p: Problem, device, *, out, state_cache, state_indices, has_initial_state,
+                        checkpoint_state, checkpoint_offsets, checkpoint_state_indices) -> None:
+    """Arguments that would otherwise be ignored silently, the checkpoint tensors, and `out` aliasing a state.
+
+    Runs after check_inputs / check_state_cache; no device syncs (data-dependent checks live in
+    debug_checks).
+    """
+    if state_cache is None and (state_indices is not None or has_initial_state is not None):
+        given = " and ".join(n for n, t in (("state_indices", state_indices), ("has_initial_state", has_initial_state))
+                             if t is not None)
+        fail(given, "given only together with state_cache", f"{given} without state_cache",
+             "They route the paged state; pass state_cache too, or initial_state for a dense state")
+    if checkpoint_offsets is None:
+        if checkpoint_state_indices is not None:
+            fail("checkpoint_state_indices", "given only together with checkpoint_offsets and checkpoint_state",
+                 "it without checkpoint_offsets", "No snapshot would be written")
+    else:
+        check_checkpoint(p, device, checkpoint_state, checkpoint_offsets, checkpoint_state_indices)
+    if out is not None:
+        no_overlap("out", out, "state_cache", state_cache, "the walk reads and writes it while writing out")
+        no_overlap("out", out, "checkpoint_state", checkpoint_state, "the walk writes it while writing out")
+
+
+def check_checkpoint(p: Problem, device, checkpoint_state, checkpoint_offsets, checkpoint_state_indices) -> None:
+    """checkpoint_offsets int [N]; checkpoint_state fp32 [rows, H, V, K] dense rows; indices int [N]."""
+    tensor("checkpoint_offsets", checkpoint_offsets, dims=1, dtypes=INDEX_DTYPES, device=device)
+    shape("checkpoint_offsets", checkpoint_offsets, (p.N,), "one token offset per sequence, 0 for none")
+    contiguous_1d("checkpoint_offsets", checkpoint_offsets)
+    if checkpoint_state is None:
+        fail("checkpoint_state", "given with checkpoint_offsets (the snapshots' destination)", "None",
+             "Pass both or neither")
+    tensor("checkpoint_state", checkpoint_state, dims=4, dtypes=(torch.float32,), device=device)
+    if tuple(checkpoint_state.shape[1:]) != (p.H, p.V, p.K):
+        fail("checkpoint_state", f"[rows, {p.H}, {p.V}, {p.K}] ([rows, H, V, K] V-first fp32)",
+             _desc(checkpoint_state))
+    if checkpoint_state.stride()[1:] != (p.V * p.K, p.K, 1):
+        fail("checkpoint_state", "dense within each row ([H, V, K] contiguous; the row stride may be padded)",
+             f"strides {checkpoint_state.stride()}")
+    if checkpoint_state_indices is None:
+        if checkpoint_state.shape[0] < p.N:
+            fail("checkpoint_state", f"at least {p.N} rows (row n is sequence n's snapshot without "
+                 "checkpoint_state_indices)", _desc(checkpoint_state), "Pass checkpoint_state_indices to route rows")
+    else:
+        tensor("checkpoint_state_indices", checkpoint_state_indices, dims=1, dtypes=INDEX_DTYPES, device=device)
+        shape("checkpoint_state_indices", checkpoint_state_indices, (p.N,), "one destination row per sequence")
+        contiguous_1d("checkpoint_state_indices", checkpoint_state_indices)

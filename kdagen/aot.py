@@ -34,7 +34,7 @@ class KernelReport:
                 f"spills={self.spills} scratch={self.scratch} mma={mma}")
 
 
-def _signatures(mod: ModuleType, *, lower_bound: bool, safe_diag: bool, state_mode: int) -> dict:
+def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, safe_diag: bool, state_mode: int) -> dict:
     io = TL_DTYPES[mod.DTYPE]
     i32 = "i32"
     pro_sig = {
@@ -90,7 +90,7 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, s
     t = TARGETS[target]
     tun = mod.TUNING[target]
     reports = []
-    for name, (sig, const) in _signatures(mod, lower_bound=lower_bound, safe_diag=safe_diag,
+    for name, (sig, const) in _signatures(mod, target, lower_bound=lower_bound, safe_diag=safe_diag,
                                           state_mode=state_mode).items():
         const = dict(const)
         kind = "prologue" if name == "kda_prologue" else "recurrence"

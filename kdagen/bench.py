@@ -203,3 +203,25 @@ def _run(args: argparse.Namespace) -> int:
 
 
 add_command("bench", "time chunk_kda_prefill (and FLA when importable) on the GPU", _configure, _run)
+
+
+def _configure_metadata(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chunk-size", type=int, default=64)
+
+
+def _run_metadata(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kdagen bench-metadata needs a GPU", file=sys.stderr)
+        return 2
+    from kdagen.bench_metadata import bench_metadata
+    from kdagen.bench_metadata import format_table as metadata_table
+    from kdagen_kernels.triton import chunk_metadata
+
+    print(metadata_table(bench_metadata(chunk_size=args.chunk_size, kernels=chunk_metadata)))
+    return 0
+
+
+add_command("bench-metadata", "time prepare_chunk_metadata_device on the GPU for N = 1 .. 65,536",
+            _configure_metadata, _run_metadata)

@@ -28,10 +28,80 @@ class StateArgs:
     has_initial_state: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """What the prologue writes and the recurrence reads (kda-semantics.md 1.4), token-major."""
+
+    qg: torch.Tensor  # [T, H, BK]   q * exp2(G)
+    w: torch.Tensor  # [T, H, BK]    T diag(beta) (k * exp2(G))
+    kg: torch.Tensor  # [T, H, BK]   k * exp2(G_last - G)
+    u: torch.Tensor  # [T, H, BV]    T diag(beta) v
+    aqk: torch.Tensor  # [T, H, BT]  tril(Aqk), scale included
+    decay: torch.Tensor  # [chunks, H, BK] fp32 exp2(G_last)
+
+
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
     if target == INTERPRETER:
         return next(iter(mod.TUNING.values()))
     return mod.TUNING[target]
+
+
+def new_workspace(mod: ModuleType, T: int, H: int, n_chunks: int, io: torch.dtype, device) -> Workspace:
+    # The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
+    # workspace stays fp32 and CPU tests see the algorithm's own error; GPU runs store the I/O dtype.
+    io = torch.float32 if interpreting() else io
+    qg = torch.empty(T, H, mod.BK, dtype=io, device=device)
+    return Workspace(qg=qg, w=torch.empty_like(qg), kg=torch.empty_like(qg),
+                     u=torch.empty(T, H, mod.BV, dtype=io, device=device),
+                     aqk=torch.empty(T, H, mod.CHUNK_SIZE, dtype=io, device=device),
+                     decay=torch.empty(max(n_chunks, 1), H, mod.BK, dtype=torch.float32, device=device))
+
+
+def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, v, raw_g, raw_beta, A_log,
+                    g_bias, scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens,
+                    chunk_indices) -> None:
+    n_chunks, H = chunk_indices.shape[0], q.shape[2]
+    if n_chunks == 0 or H == 0:
+        return
+    mod.kda_prologue[(n_chunks, H)](
+        q, k, v, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log,
+        cu_seqlens, chunk_indices,
+        ws.qg, ws.w, ws.kg, ws.u, ws.aqk, ws.decay,
+        float(scale), float(lower_bound) if lower_bound is not None else 0.0,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+        raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
+        H,
+        LOWER_BOUND=lower_bound is not None,
+        HAS_BIAS=g_bias is not None,
+        USE_L2NORM=bool(use_qk_l2norm),
+        SAFE_DIAG=lower_bound is not None and lower_bound >= SAFE_DIAG_MIN_LOWER_BOUND,
+        DOT_F32=interpreting(),
+        num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"],
+    )
+
+
+def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, scale: float, cu_seqlens,
+                      chunk_offsets, out: torch.Tensor, state: StateArgs) -> None:
+    n_seq, H, V = cu_seqlens.numel() - 1, out.shape[2], out.shape[3]
+    if n_seq == 0 or H == 0:
+        return
+    block_v = min(tun["block_v"], mod.BV)
+    h0 = state.h0 if state.h0 is not None else ws.decay  # any valid pointer when unused
+    ht = state.ht if state.ht is not None else ws.decay
+    idx = state.state_indices if state.state_indices is not None else cu_seqlens
+    flag = state.has_initial_state if state.has_initial_state is not None else cu_seqlens
+    mod.kda_recurrence[(n_seq * H, triton.cdiv(V, block_v))](
+        ws.qg, ws.w, ws.kg, ws.u, ws.aqk, ws.decay,
+        out, h0, ht, idx, flag,
+        cu_seqlens, chunk_offsets,
+        float(scale),
+        out.stride(1), out.stride(2),
+        h0.stride(0) if state.h0 is not None else 0, h0.stride(1) if state.h0 is not None else 0,
+        ht.stride(0) if state.ht is not None else 0, ht.stride(1) if state.ht is not None else 0,
+        H, state.ht.shape[0] if state.mode_out == 2 and state.ht is not None else 0,
+        BLOCK_V=block_v, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, DOT_F32=interpreting(),
+        num_warps=tun["recurrence_warps"], num_stages=tun["recurrence_stages"],
+    )
 
 
 def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -40,56 +110,11 @@ def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: to
         chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, out: torch.Tensor,
         state: StateArgs) -> None:
     """Run prologue + recurrence for packed [1, T, H, *] inputs, writing `out` and the states in place."""
-    _, T, H, K = q.shape
-    V = v.shape[-1]
-    n_seq = cu_seqlens.numel() - 1
-    n_chunks = chunk_indices.shape[0]
+    _, T, H, _ = q.shape
     tun = tuning_for(mod, target)
-    dev = q.device
-    dot_f32 = interpreting()
-    # The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
-    # workspace stays fp32 and CPU tests see the algorithm's own error; GPU runs store the I/O dtype.
-    io = torch.float32 if dot_f32 else q.dtype
-
-    qg = torch.empty(T, H, mod.BK, dtype=io, device=dev)
-    w = torch.empty_like(qg)
-    kg = torch.empty_like(qg)
-    u = torch.empty(T, H, mod.BV, dtype=io, device=dev)
-    aqk = torch.empty(T, H, mod.CHUNK_SIZE, dtype=io, device=dev)
-    decay = torch.empty(max(n_chunks, 1), H, mod.BK, dtype=torch.float32, device=dev)
-
-    if n_chunks > 0:
-        mod.kda_prologue[(n_chunks, H)](
-            q, k, v, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log,
-            cu_seqlens, chunk_indices,
-            qg, w, kg, u, aqk, decay,
-            float(scale), float(lower_bound) if lower_bound is not None else 0.0,
-            q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-            raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
-            H,
-            LOWER_BOUND=lower_bound is not None,
-            HAS_BIAS=g_bias is not None,
-            USE_L2NORM=bool(use_qk_l2norm),
-            SAFE_DIAG=lower_bound is not None and lower_bound >= SAFE_DIAG_MIN_LOWER_BOUND,
-            DOT_F32=dot_f32,
-            num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"],
-        )
-    if n_seq == 0 or H == 0:
-        return
-    block_v = min(tun["block_v"], mod.BV)
-    h0 = state.h0 if state.h0 is not None else decay  # any valid pointer when unused
-    ht = state.ht if state.ht is not None else decay
-    idx = state.state_indices if state.state_indices is not None else cu_seqlens
-    flag = state.has_initial_state if state.has_initial_state is not None else cu_seqlens
-    mod.kda_recurrence[(n_seq * H, triton.cdiv(V, block_v))](
-        qg, w, kg, u, aqk, decay,
-        out, h0, ht, idx, flag,
-        cu_seqlens, chunk_offsets,
-        float(scale),
-        out.stride(1), out.stride(2),
-        h0.stride(0) if state.h0 is not None else 0, h0.stride(1) if state.h0 is not None else 0,
-        ht.stride(0) if state.ht is not None else 0, ht.stride(1) if state.ht is not None else 0,
-        H, state.ht.shape[0] if state.mode_out == 2 else 0,
-        BLOCK_V=block_v, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, DOT_F32=dot_f32,
-        num_warps=tun["recurrence_warps"], num_stages=tun["recurrence_stages"],
-    )
+    ws = new_workspace(mod, T, H, chunk_indices.shape[0], q.dtype, q.device)
+    launch_prologue(mod, tun, ws, q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias,
+                    scale=scale, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens,
+                    chunk_indices=chunk_indices)
+    launch_recurrence(mod, tun, ws, scale=scale, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, out=out,
+                      state=state)

@@ -66,6 +66,14 @@ def _small():
     return min(TRITON, key=lambda e: (e.dtype != "bf16", e.head_dim_k * e.head_dim_v))
 
 
+def test_adversarial_regime_small():
+    # Near-duplicate keys, real K3 gate biases, beta near 0.95: the inverse's hardest case.
+    e = _small()
+    args = make_inputs([e.chunk_size + 9, 4], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu",
+                       adversarial=True, seed=12)
+    _run(e, args)
+
+
 def test_strided_raw_projections():
     e = _small()
     args = make_inputs([40, 7], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", strided=True, seed=3)

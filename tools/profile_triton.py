@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Time the Triton path's two kernels separately under several launch configs (GPU).
+
+Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/profile_triton.py [H:T:N ...]
+Prints, per shape, the whole call and each kernel's median time for every tuning candidate, so a
+spec's tuning block can be chosen from measurements (docs/perf-notes.md keeps the results).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+
+import kdagen_kernels
+from kdagen.bench import _inputs
+from kdagen.runtime import triton_path
+from kdagen.runtime.device import target_of
+
+SHAPES = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16), (12, 65536, 1)]
+PRO = [dict(prologue_warps=w, prologue_stages=s) for w, s in ((4, 1), (8, 1), (16, 1))]
+REC = [dict(recurrence_warps=w, recurrence_stages=s, block_v=b)
+       # (4, 2, 32) is left out: it faults (illegal address) under triton 3.6 on sm_90, see docs/perf-notes.md.
+       for w, s, b in ((8, 2, 64), (4, 2, 64), (8, 1, 64), (8, 2, 32), (4, 1, 32), (8, 2, 128), (4, 1, 16))]
+
+
+def main() -> None:
+    shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:]] or SHAPES
+    entry = next(e for e in kdagen_kernels.VARIANTS if e.name.endswith("bf16__k128_v128_c64"))
+    mod = entry.load()
+    target = target_of(torch.device("cuda"))
+    base = dict(mod.TUNING[target])
+    for H, T, N in shapes:
+        args, ci, co = _inputs(H, T, N)
+        out = torch.empty_like(args["v"])
+        full = triton.testing.do_bench(
+            lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out),
+            return_mode="median")
+        print(f"H={H} T={T} N={N}: whole call {full:.3f} ms (spec tuning {base})")
+        ws = triton_path.new_workspace(mod, T, H, ci.shape[0], torch.bfloat16, "cuda")
+        final = torch.empty(N, H, 128, 128, device="cuda")
+        st = triton_path.StateArgs(1, 1, args["initial_state"], final)
+        for p in PRO:
+            tun = {**base, **p}
+            ms = triton.testing.do_bench(lambda: triton_path.launch_prologue(
+                mod, tun, ws, q=args["q"], k=args["k"], v=args["v"], raw_g=args["raw_g"], raw_beta=args["raw_beta"],
+                A_log=args["A_log"], g_bias=args["g_bias"], scale=128 ** -0.5, lower_bound=-5.0,
+                use_qk_l2norm=True, cu_seqlens=args["cu_seqlens"], chunk_indices=ci),
+                return_mode="median")
+            print(f"   prologue   {p}: {ms:.3f} ms")
+        for r in REC:
+            tun = {**base, **r}
+            try:
+                ms = triton.testing.do_bench(lambda: triton_path.launch_recurrence(
+                    mod, tun, ws, scale=128 ** -0.5, cu_seqlens=args["cu_seqlens"], chunk_offsets=co, out=out,
+                    state=st), return_mode="median")
+                print(f"   recurrence {r}: {ms:.3f} ms")
+            except Exception as exc:  # e.g. out of shared memory for a config
+                print(f"   recurrence {r}: failed ({type(exc).__name__}: {str(exc)[:80]})")
+
+
+if __name__ == "__main__":
+    main()

@@ -14,8 +14,8 @@ from typing import Any
 from kdagen.spec.errors import SpecError, format_error
 from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
 from kdagen.spec.targets import (
-    BACKENDS, CHUNK_SIZES, DTYPES, MAX_HEAD_DIM, MAX_STAGES, MIN_HEAD_DIM, SUB_CHUNK, TARGETS, WARPS,
-    estimate_triton_smem, next_pow2,
+    BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, MAX_HEAD_DIM, MAX_STAGES,
+    MIN_HEAD_DIM, SUB_CHUNK, TARGETS, WARPS, estimate_triton_smem, next_pow2,
 )
 from kdagen.spec.yaml_nodes import INVALID, Report, YList, YMap, join, parse_yaml
 
@@ -342,18 +342,36 @@ def _parse_variant(item: YMap, where: str, op: str | None, rel: str, file_tuning
     assert op and label and k and v and chunk and dtype and backends and targets
     out: list[VariantSpec] = []
     for backend in backends:
+        if backend == "hip" and not _check_hip(where, at("backends")[0], k, v, chunk, dtype, report):
+            continue
         tuning: list[tuple[str, TritonTuning]] = []
         for target in targets:
             tun = _resolve_tuning(backend, target, v, file_tuning, own_tuning, report)
             if tun is None:
                 continue
-            _check_smem(where, item.line, k, v, chunk, dtype, target, tun, report)
+            if backend == "triton":  # the HIP kernels' LDS is checked by their offline compiles (tests/aot)
+                _check_smem(where, item.line, k, v, chunk, dtype, target, tun, report)
             tuning.append((target, tun))
         if len(tuning) == len(targets):
             out.append(VariantSpec(op=op, label=label, backend=backend, dtype=dtype, head_dim_k=k,
                                    head_dim_v=v, chunk_size=chunk, targets=targets, tuning=tuple(tuning),
                                    spec_path=rel, line=item.line))
     return out
+
+
+def _check_hip(where: str, line: int, k: int, v: int, chunk: int, dtype: str, report: Report) -> bool:
+    """What the fused HIP templates (templates/hip/) support; False (with errors reported) otherwise."""
+    why = []
+    if dtype not in HIP_DTYPES:
+        why.append(f"dtype {dtype} (supported: {', '.join(HIP_DTYPES)})")
+    if chunk != HIP_CHUNK_SIZE:
+        why.append(f"chunk_size {chunk} (supported: {HIP_CHUNK_SIZE})")
+    for name, dim in (("head_dim_k", k), ("head_dim_v", v)):
+        if dim % HIP_COLUMN_TILE:
+            why.append(f"{name} {dim} (must be a multiple of {HIP_COLUMN_TILE})")
+    for w in why:
+        report(line, join(where, "backends"), f"the hip backend does not support {w}; drop hip from backends")
+    return not why
 
 
 def _kib(n: int) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 TargetName = Literal["gfx942", "gfx950", "sm_90"]
-BackendName = Literal["triton"]
+BackendName = Literal["triton", "hip"]
 DTypeName = Literal["bf16", "fp16"]
 
 
@@ -42,7 +42,17 @@ TARGETS: dict[str, Target] = {
     ),
 }
 
-BACKENDS: tuple[str, ...] = ("triton",)
+BACKENDS: tuple[str, ...] = ("triton", "hip")
+
+# ---- the fused HIP backend (templates/hip/): what its kernels can do, per target facts above.
+# The prologue tiles the head dims by HIP_COLUMN_TILE columns, the recurrence gives each block
+# HIP_V_SLICE rows of V, and both kernels use HIP_THREADS threads (4 per chunk row).
+HIP_DTYPES: tuple[str, ...] = ("bf16",)
+HIP_CHUNK_SIZE = 64
+HIP_COLUMN_TILE = 32
+HIP_V_SLICE = 16
+HIP_THREADS = 256
+HIP_ABI = 1  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
 
 # dtype name -> (bytes per element, torch dtype attribute, triton dtype attribute)
 DTYPES: dict[str, tuple[int, str, str]] = {

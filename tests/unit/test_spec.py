@@ -248,7 +248,7 @@ def test_empty_lists_and_missing_keys(tmp_path):
                      .replace("    dtype: bf16\n", ""))
     assert errs == [
         "specs/k.yaml:3: variants[0].dtype: missing required key",
-        "specs/k.yaml:7: variants[0].backends: must list at least one backend (supported: triton)",
+        "specs/k.yaml:7: variants[0].backends: must list at least one backend (supported: triton, hip)",
         "specs/k.yaml:8: variants[0].targets: must list at least one target (supported: gfx942, gfx950, sm_90)",
     ]
 

@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Launches of the fused HIP path (templates/hip/kda_chunk.hip.j2): workspace, argument packing, stream.
+
+Not wired into dispatch.py yet: the dispatcher will call `load_fused` + `run_fused` once the H200 has
+proven the path (tools/h200_fused_check.py). The caller checks the seed's contract first
+(validate.check_inputs); `run_fused` re-checks only what the kernels themselves rely on, so that a
+mistake is an exception here and never an out-of-bounds access on the device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .jit_hip import HipLibrary, load_library
+
+CHUNK = 64
+OP = "run_fused"
+
+
+def variant_name(head_dim_k: int, head_dim_v: int, dtype: str = "bf16", chunk: int = CHUNK) -> str:
+    # Mirrors VariantSpec.name for backend "hip" (never parsed back).
+    return f"kda_chunk_fwd__hip__{dtype}__k{head_dim_k}_v{head_dim_v}_c{chunk}"
+
+
+def source_path(package_dir: Path, head_dim_k: int, head_dim_v: int, target: str, dtype: str = "bf16") -> Path:
+    """generated/kdagen_kernels/hip/<variant>__<target>.hip (see render/context.py HIP_TEMPLATE)."""
+    return Path(package_dir) / "hip" / f"{variant_name(head_dim_k, head_dim_v, dtype)}__{target}.hip"
+
+
+def load_fused(package_dir: Path, head_dim_k: int, head_dim_v: int, target: str, dtype: str = "bf16") -> HipLibrary:
+    """Build (first use; cached afterwards) and load the fused variant for (K, V) on `target`."""
+    src = source_path(package_dir, head_dim_k, head_dim_v, target, dtype)
+    if not src.is_file():
+        raise FileNotFoundError(
+            f"no generated fused (hip) source {src}: add `hip` to the backends of the K={head_dim_k}, "
+            f"V={head_dim_v} variant in specs/kda_chunk_fwd.yaml (with target {target}) and run `nox -s generate`")
+    return load_library(src, target, variant=f"{variant_name(head_dim_k, head_dim_v, dtype)}")
+
+
+def _req(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{OP}: {msg}")
+
+
+def _i32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def _state_rows(name: str, t: torch.Tensor, H: int, V: int, K: int, device) -> None:
+    _req(t.dtype == torch.float32 and t.device == device and t.dim() == 4 and tuple(t.shape[1:]) == (H, V, K),
+         f"{name} must be fp32 [rows, {H}, {V}, {K}] on {device} (V-first), got {t.dtype} {tuple(t.shape)}")
+    _req(t.stride()[1:] == (V * K, K, 1), f"{name} must be dense within each row, got strides {t.stride()}")
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor,
+              raw_beta: torch.Tensor, A_log: torch.Tensor, g_bias: torch.Tensor | None, scale: float,
+              lower_bound: float | None, cu_seqlens: torch.Tensor, chunk_indices: torch.Tensor,
+              chunk_offsets: torch.Tensor, out: torch.Tensor, initial_state: torch.Tensor | None = None,
+              final_state: torch.Tensor | None = None, state_cache: torch.Tensor | None = None,
+              state_indices: torch.Tensor | None = None, has_initial_state: torch.Tensor | None = None,
+              checkpoint_state: torch.Tensor | None = None, checkpoint_offsets: torch.Tensor | None = None,
+              checkpoint_state_indices: torch.Tensor | None = None,
+              use_qk_l2norm: bool = True) -> None:
+    """Prologue + recurrence on torch's current stream for packed [1, T, H, *] inputs.
+
+    Writes `out` ([1, T, H, V], any token/head strides, dense last dim), `final_state` ([N, H, V, K]) when
+    given, the `state_cache` rows named by `state_indices` (read when `has_initial_state`, always
+    written; negative / out-of-range index: neither), and checkpoint snapshots. Every sequence's final
+    state is written, T = 0 ones too (initial state passthrough or zeros). No host sync: graph-capturable
+    when the index tensors already have the kernels' dtypes (cu_seqlens/chunk_indices int32,
+    chunk_offsets int64, state/checkpoint indices and offsets int32).
+    """
+    dev = q.device
+    _req(dev.type == "cuda", f"tensors must be on a GPU, got {dev}")
+    _req(q.dim() == 4 and q.shape[0] == 1, f"q must be packed [1, T, H, K], got {tuple(q.shape)}")
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    _req((K, V, CHUNK) == (lib.head_dim_k, lib.head_dim_v, lib.chunk_size),
+         f"{lib.name} is built for K={lib.head_dim_k}, V={lib.head_dim_v}, chunk {lib.chunk_size}; "
+         f"got K={K}, V={V}")
+    for name, t, last in (("q", q, K), ("k", k, K), ("v", v, V), ("out", out, V)):
+        _req(t.dtype == torch.bfloat16 and t.device == dev and tuple(t.shape) == (1, T, H, last),
+             f"{name} must be bf16 [1, {T}, {H}, {last}] on {dev}, got {t.dtype} {tuple(t.shape)}")
+        _req(t.stride(-1) == 1, f"{name} must be dense in its last dim, got strides {t.stride()}")
+    if raw_g.dtype != torch.bfloat16 or raw_g.stride(-1) != 1:
+        raw_g = raw_g.to(torch.bfloat16).contiguous()  # NOTE: the kernels read bf16 gates
+    if raw_beta.dtype != torch.bfloat16:
+        raw_beta = raw_beta.to(torch.bfloat16)
+    _req(tuple(raw_g.shape) == (1, T, H, K) and tuple(raw_beta.shape) == (1, T, H),
+         f"raw_g must be [1, T, H, K] and raw_beta [1, T, H], got {tuple(raw_g.shape)} and {tuple(raw_beta.shape)}")
+    A_log = A_log.to(device=dev, dtype=torch.float32).reshape(-1).contiguous()
+    _req(A_log.numel() == H, f"A_log must have {H} entries")
+    if g_bias is not None:
+        g_bias = g_bias.to(device=dev, dtype=torch.float32).reshape(-1).contiguous()
+        _req(g_bias.numel() == H * K, f"g_bias must have {H * K} entries")
+    cu = _i32(cu_seqlens)
+    ci = _i32(chunk_indices)
+    co = chunk_offsets if chunk_offsets.dtype == torch.int64 and chunk_offsets.is_contiguous() \
+        else chunk_offsets.to(torch.int64).contiguous()
+    N = cu.numel() - 1
+    n_chunks = ci.shape[0] if ci.numel() else 0
+    _req(ci.numel() == 0 or (ci.dim() == 2 and ci.shape[1] == 2), "chunk_indices must be [num_chunks, 2]")
+    _req(co.numel() == N + 1, f"chunk_offsets must have N + 1 = {N + 1} entries")
+
+    if initial_state is not None:
+        _state_rows("initial_state", initial_state, H, V, K, dev)
+        _req(initial_state.shape[0] == N, f"initial_state must have N = {N} rows")
+    if final_state is not None:
+        _state_rows("final_state", final_state, H, V, K, dev)
+        _req(final_state.shape[0] == N, f"final_state must have N = {N} rows")
+    idx = flags = None
+    if state_cache is not None:
+        _state_rows("state_cache", state_cache, H, V, K, dev)
+        _req(state_indices is not None and has_initial_state is not None,
+             "state_cache needs state_indices and has_initial_state")
+        idx = _i32(state_indices)
+        flags = has_initial_state.to(torch.bool).contiguous().view(torch.uint8)
+        _req(idx.numel() == N and flags.numel() == N, f"state_indices and has_initial_state need {N} entries")
+    ck_off = ck_idx = None
+    if checkpoint_state is not None or checkpoint_offsets is not None:
+        _req(checkpoint_state is not None and checkpoint_offsets is not None,
+             "checkpoint_state and checkpoint_offsets must be given together")
+        _state_rows("checkpoint_state", checkpoint_state, H, V, K, dev)
+        ck_off = _i32(checkpoint_offsets.reshape(-1))
+        _req(ck_off.numel() == N, f"checkpoint_offsets needs {N} entries")
+        if checkpoint_state_indices is not None:
+            ck_idx = _i32(checkpoint_state_indices.reshape(-1))
+            _req(ck_idx.numel() == N, f"checkpoint_state_indices needs {N} entries")
+
+    # Workspace (kda-semantics.md 1.4, token-major): qg, w, kg [T, H, K]; u [T, H, V]; aqk [T, H, 64]
+    # bf16; decay [chunks, H, K] fp32.
+    qg = torch.empty(T, H, K, dtype=torch.bfloat16, device=dev)
+    w = torch.empty_like(qg)
+    kg = torch.empty_like(qg)
+    u = torch.empty(T, H, V, dtype=torch.bfloat16, device=dev)
+    aqk = torch.empty(T, H, CHUNK, dtype=torch.bfloat16, device=dev)
+    decay = torch.empty(max(n_chunks, 1), H, K, dtype=torch.float32, device=dev)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+
+    with torch.cuda.device(dev):
+        if n_chunks > 0:
+            lib.prologue(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), raw_g.data_ptr(), raw_beta.data_ptr(),
+                A_log.data_ptr(), _ptr(g_bias), cu.data_ptr(), ci.data_ptr(),
+                qg.data_ptr(), w.data_ptr(), kg.data_ptr(), u.data_ptr(), aqk.data_ptr(), decay.data_ptr(),
+                q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+                raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
+                n_chunks, H, float(scale), float(lower_bound) if lower_bound is not None else 0.0,
+                1 if lower_bound is not None else 0, 1 if use_qk_l2norm else 0, stream)
+        if N > 0:
+            lib.recurrence(
+                qg.data_ptr(), w.data_ptr(), kg.data_ptr(), u.data_ptr(), aqk.data_ptr(), decay.data_ptr(),
+                out.data_ptr(), out.stride(1), out.stride(2), cu.data_ptr(), co.data_ptr(),
+                _ptr(initial_state), initial_state.stride(0) if initial_state is not None else 0,
+                _ptr(final_state), final_state.stride(0) if final_state is not None else 0,
+                _ptr(state_cache), state_cache.stride(0) if state_cache is not None else 0,
+                state_cache.shape[0] if state_cache is not None else 0, _ptr(idx), _ptr(flags),
+                _ptr(checkpoint_state), checkpoint_state.stride(0) if checkpoint_state is not None else 0,
+                checkpoint_state.shape[0] if checkpoint_state is not None else 0, _ptr(ck_off), _ptr(ck_idx),
+                N, H, float(scale), stream)

@@ -1,0 +1,240 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build a rendered .hip source into a small shared library (extern "C" launchers) and load it with ctypes.
+
+nvcc on CUDA targets (sm_*), hipcc or clang (-x hip) on AMD targets (gfx*); no PyTorch C++ headers, so
+a build takes seconds and works with any torch. Builds go through the content-keyed cache (cache.py).
+
+Note [HIP cache key]
+    sha256 over: the rendered source bytes; every file of the include dir (name + bytes, sorted); the
+    compiler's resolved path and its `--version` output; the exact flags; the target; the kdagen version.
+    Nothing else (no mtimes, no source path), so the same inputs hit the same entry from any checkout,
+    and a change to any of them is a new entry. Tested in tests/unit/test_jit_hip_cache.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import kdagen
+
+from . import cache
+
+log = logging.getLogger("kdagen")
+
+LIB_NAME = "kernels.so"
+# Rough first-build times, for the log line (nvcc on the H200: ~4 s per variant).
+_EXPECTED_S = {"nvcc": 5, "hipcc": 10, "clang": 10}
+
+
+class CompilerNotFoundError(RuntimeError):
+    """The compiler a target needs is not installed / not on PATH; the message says how to get it."""
+
+
+class HipCompileError(RuntimeError):
+    """The compiler failed; the message holds its stderr and the generated source's path."""
+
+
+@dataclass(frozen=True)
+class Compiler:
+    kind: str  # "nvcc" | "hipcc" | "clang"
+    path: str
+
+
+def is_cuda_target(target: str) -> bool:
+    return target.startswith("sm_")
+
+
+def find_compiler(target: str) -> Compiler:
+    """KDAGEN_NVCC / KDAGEN_HIPCC first, then PATH (and CUDA_HOME / ROCM_PATH)."""
+    if is_cuda_target(target):
+        env = os.environ.get("KDAGEN_NVCC")
+        if env:
+            if not (shutil.which(env) or Path(env).is_file()):
+                raise CompilerNotFoundError(f"KDAGEN_NVCC={env!r} does not name an executable nvcc")
+            return Compiler("nvcc", shutil.which(env) or env)
+        found = shutil.which("nvcc")
+        if not found:
+            home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+            cand = Path(home) / "bin" / "nvcc" if home else None
+            found = str(cand) if cand is not None and cand.is_file() else None
+        if not found:
+            raise CompilerNotFoundError(
+                f"kdagen's fused path for {target} needs nvcc (the CUDA compiler) and none was found: set "
+                "KDAGEN_NVCC=/path/to/nvcc, put nvcc on PATH (CUDA toolkit, or `pip install nvidia-cuda-nvcc "
+                "nvidia-cuda-runtime nvidia-cuda-crt nvidia-cuda-cccl nvidia-nvvm`), or set CUDA_HOME")
+        return Compiler("nvcc", found)
+    env = os.environ.get("KDAGEN_HIPCC")
+    if env:
+        found = shutil.which(env) or (env if Path(env).is_file() else None)
+        if not found:
+            raise CompilerNotFoundError(f"KDAGEN_HIPCC={env!r} does not name an executable hipcc or clang")
+        return Compiler("clang" if "clang" in Path(found).name else "hipcc", found)
+    found = shutil.which("hipcc")
+    if not found:
+        rocm = os.environ.get("ROCM_PATH", "/opt/rocm")
+        cand = Path(rocm) / "bin" / "hipcc"
+        found = str(cand) if cand.is_file() else None
+    if not found:
+        raise CompilerNotFoundError(
+            f"kdagen's fused path for {target} needs hipcc (ROCm's HIP compiler) and none was found: install "
+            "ROCm (hipcc is in /opt/rocm/bin), put hipcc on PATH, or set KDAGEN_HIPCC to hipcc or to a "
+            "ROCm clang++ that knows the target")
+    return Compiler("hipcc", found)
+
+
+def compile_flags(compiler: Compiler, target: str, include_dir: Path) -> list[str]:
+    """Flags before `-o <lib> <source>`. The include dir is passed by name only in the key (see Note)."""
+    if compiler.kind == "nvcc":
+        arch = target.replace("sm_", "")
+        return ["-O3", "-std=c++17", f"-arch=sm_{arch}", "-shared", "-Xcompiler", "-fPIC", "-x", "cu",
+                "-I", str(include_dir)]
+    if compiler.kind == "hipcc":
+        return ["-O3", "-std=c++17", f"--offload-arch={target}", "-shared", "-fPIC", "-x", "hip",
+                "-I", str(include_dir)]
+    return ["-x", "hip", f"--offload-arch={target}", "-O3", "-std=c++17", "-shared", "-fPIC",
+            "-I", str(include_dir)]
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(path: str) -> str:
+    try:
+        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CompilerNotFoundError(f"could not run `{path} --version`: {exc}") from exc
+    return (r.stdout + r.stderr).strip()
+
+
+def _flags_for_key(flags: list[str], include_dir: Path) -> list[str]:
+    # The include dir's location is not part of the key; its contents are.
+    return ["<include>" if f == str(include_dir) else f for f in flags]
+
+
+def cache_key(source: bytes, include_dir: Path, compiler: Compiler, flags: list[str], target: str) -> str:
+    """See Note [HIP cache key]."""
+    h = hashlib.sha256()
+
+    def part(tag: str, data: bytes) -> None:
+        h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+
+    part("kdagen", kdagen.__version__.encode())
+    part("target", target.encode())
+    part("source", source)
+    for f in sorted(p for p in Path(include_dir).rglob("*") if p.is_file()):
+        part("include:" + f.relative_to(include_dir).as_posix(), f.read_bytes())
+    part("compiler", os.path.realpath(compiler.path).encode())
+    part("compiler_version", compiler_version(compiler.path).encode())
+    part("flags", "\0".join(_flags_for_key(flags, include_dir)).encode())
+    return h.hexdigest()
+
+
+def build_library(source_path: Path, target: str, *, variant: str | None = None,
+                  include_dir: Path | None = None) -> Path:
+    """The cached shared library for one rendered source (compiled on a miss). Returns the .so path."""
+    source_path = Path(source_path)
+    include_dir = Path(include_dir) if include_dir is not None else source_path.parent / "include"
+    variant = variant or source_path.stem
+    compiler = find_compiler(target)
+    flags = compile_flags(compiler, target, include_dir)
+    source = source_path.read_bytes()
+    key = cache_key(source, include_dir, compiler, flags, target)
+
+    def on_miss(entry: Path) -> None:
+        log.info("kdagen: compiling %s for %s with %s (first use, may take ~%d s); cache entry %s",
+                 variant, target, compiler.kind, _EXPECTED_S.get(compiler.kind, 10), entry)
+
+    def build(staging: Path) -> dict:
+        # Compile a copy of the source so the compiler's messages and the .so never point at a
+        # file that may change under us; the error names the generated file the user can open.
+        src = staging / ("source.cu" if compiler.kind == "nvcc" else "source.hip")
+        src.write_bytes(source)
+        out = staging / LIB_NAME
+        cmd = [compiler.path, *flags, "-o", str(out), str(src)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0 or not out.is_file():
+            raise HipCompileError(
+                f"compiling {variant} for {target} failed (exit {r.returncode}).\n"
+                f"generated source: {source_path}\ncommand: {' '.join(cmd)}\n"
+                f"compiler stderr:\n{r.stderr.strip()}\n{r.stdout.strip()}".rstrip())
+        return {"variant": variant, "target": target, "compiler": compiler.path, "flags": flags,
+                "source": str(source_path)}
+
+    entry = cache.get_or_build(key, target, build, on_miss=on_miss)
+    return entry / LIB_NAME
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_I32 = ctypes.c_int32
+_F32 = ctypes.c_float
+
+# extern "C" signatures of templates/hip/kda_chunk.hip.j2 (ABI = kdagen.spec.targets.HIP_ABI).
+PROLOGUE_ARGTYPES = [_P] * 15 + [_I64] * 10 + [_I64, _I32, _F32, _F32, _I32, _I32, _P]
+RECURRENCE_ARGTYPES = ([_P] * 7 + [_I64, _I64, _P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _P, _P, _I64,
+                                   _I64, _P, _P, _I64, _I32, _F32, _P])
+
+
+class HipLibrary:
+    """A loaded variant library with typed launchers. Launch errors raise with the runtime's message."""
+
+    def __init__(self, path: Path, name: str, target: str):
+        self.path = Path(path)
+        self.name = name
+        self.target = target
+        self._lib = ctypes.CDLL(str(path))
+        lib = self._lib
+        lib.kda_abi_version.restype = ctypes.c_int
+        lib.kda_error_string.restype = ctypes.c_char_p
+        lib.kda_error_string.argtypes = [ctypes.c_int]
+        lib.kda_prologue_smem_bytes.restype = ctypes.c_int
+        lib.kda_recurrence_smem_bytes.restype = ctypes.c_int
+        lib.kda_prologue_launch.argtypes = PROLOGUE_ARGTYPES
+        lib.kda_prologue_launch.restype = ctypes.c_int
+        lib.kda_recurrence_launch.argtypes = RECURRENCE_ARGTYPES
+        lib.kda_recurrence_launch.restype = ctypes.c_int
+        for fn in ("kda_head_dim_k", "kda_head_dim_v", "kda_chunk_size"):
+            getattr(lib, fn).restype = ctypes.c_int
+        self.abi = lib.kda_abi_version()
+        self.head_dim_k = lib.kda_head_dim_k()
+        self.head_dim_v = lib.kda_head_dim_v()
+        self.chunk_size = lib.kda_chunk_size()
+
+    def check(self, code: int, what: str) -> None:
+        if code != 0:
+            msg = self._lib.kda_error_string(code).decode(errors="replace")
+            raise RuntimeError(f"kdagen: {what} launch of {self.name} ({self.target}) failed: {msg} (code {code})")
+
+    def prologue(self, *args) -> None:
+        self.check(self._lib.kda_prologue_launch(*args), "prologue")
+
+    def recurrence(self, *args) -> None:
+        self.check(self._lib.kda_recurrence_launch(*args), "recurrence")
+
+    def smem_bytes(self) -> tuple[int, int]:
+        return self._lib.kda_prologue_smem_bytes(), self._lib.kda_recurrence_smem_bytes()
+
+
+_loaded: dict[tuple[str, str], HipLibrary] = {}
+_load_lock = threading.Lock()
+
+
+def load_library(source_path: Path, target: str, *, variant: str | None = None,
+                 include_dir: Path | None = None) -> HipLibrary:
+    """Build (or hit the cache) and dlopen once per process per (source, target)."""
+    key = (str(Path(source_path).resolve()), target)
+    with _load_lock:
+        lib = _loaded.get(key)
+        if lib is None:
+            so = build_library(source_path, target, variant=variant, include_dir=include_dir)
+            lib = _loaded[key] = HipLibrary(so, variant or Path(source_path).stem, target)
+        return lib

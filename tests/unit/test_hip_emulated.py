@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The generated fused HIP kernels' own code, run on the CPU: g++ builds the sm_90 source against a
+test-only port header (tests/unit/hip_emulation/: one std::thread per GPU thread, std::barrier for
+__syncthreads), and the results are compared with the float64 reference. This checks indexing, masking,
+state modes and checkpoint semantics of the kernel code, not GPU-specific behaviour (the H200 does that:
+tools/h200_fused_check.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+from kdagen.runtime.metadata import prepare_chunk_indices, prepare_chunk_offsets
+
+ROOT = Path(__file__).resolve().parents[2]
+EMU = Path(__file__).resolve().parent / "hip_emulation"
+HIP = ROOT / "generated" / "kdagen_kernels" / "hip"
+CXX = shutil.which("g++")
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="g++ (C++20) not found")
+
+P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+
+
+class PrologueArgs(ctypes.Structure):
+    _fields_ = [(n, P) for n in ("q", "k", "v", "g", "beta", "A_log", "g_bias", "cu", "ci",
+                                 "qg", "w", "kg", "u", "aqk", "decay")] + \
+               [(n, I64) for n in ("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h")] + \
+               [("H", I32), ("scale", F32), ("lower_bound", F32), ("lb_gate", I32), ("l2", I32)]
+
+
+class RecurrenceArgs(ctypes.Structure):
+    _fields_ = [(n, P) for n in ("qg", "w", "kg", "u", "aqk", "decay", "out")] + [("so_t", I64), ("so_h", I64)] + \
+               [("cu", P), ("co", P), ("h0", P), ("sh0_n", I64), ("ht", P), ("sht_n", I64), ("cache", P),
+                ("sc_n", I64), ("n_slots", I64), ("cache_idx", P), ("has_init", P), ("ckpt", P), ("sck_n", I64),
+                ("n_ck", I64), ("ck_off", P), ("ck_idx", P), ("H", I32), ("scale", F32)]
+
+
+@pytest.fixture(scope="module", params=[(128, 256)], ids=lambda kv: f"k{kv[0]}_v{kv[1]}")
+def emu(request, tmp_path_factory):
+    K, V = request.param
+    src = HIP / f"kda_chunk_fwd__hip__bf16__k{K}_v{V}_c64__sm_90.hip"
+    so = tmp_path_factory.mktemp("emu") / "emu.so"
+    r = subprocess.run([CXX, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", f"-I{EMU}",
+                        f'-DKDA_SOURCE="{src}"', "-o", str(so), str(EMU / "driver.cpp")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lib = ctypes.CDLL(str(so))
+    lib.emu_sizes.restype = ctypes.c_int
+    assert lib.emu_sizes(0) == ctypes.sizeof(PrologueArgs) and lib.emu_sizes(1) == ctypes.sizeof(RecurrenceArgs)
+    lib.emu_prologue.argtypes = [ctypes.POINTER(PrologueArgs), I64]
+    lib.emu_recurrence.argtypes = [ctypes.POINTER(RecurrenceArgs), I64]
+    return lib, K, V
+
+
+def _bits(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def run(emu, x, *, lower_bound, h0=None, ckpt=None, ck_off=None):
+    lib, K, V = emu
+    q, k, v, g, b = x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"]
+    T, H = q.shape[1], q.shape[2]
+    cu = x["cu_seqlens"]
+    N = cu.numel() - 1
+    ci = prepare_chunk_indices(cu, 64).to(torch.int32).contiguous()
+    co = prepare_chunk_offsets(cu, 64).to(torch.int64).contiguous()
+    bf = torch.bfloat16
+    ws = {n: torch.full((T, H, d), float("nan"), dtype=bf) for n, d in (("qg", K), ("w", K), ("kg", K), ("u", V), ("aqk", 64))}
+    decay = torch.full((max(ci.shape[0], 1), H, K), float("nan"))
+    pa = PrologueArgs(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), b.data_ptr(), x["A_log"].data_ptr(),
+                      x["g_bias"].data_ptr(), cu.data_ptr(), ci.data_ptr(), *(ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")),
+                      decay.data_ptr(), q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+                      g.stride(1), g.stride(2), b.stride(1), b.stride(2), H, K ** -0.5,
+                      lower_bound if lower_bound is not None else 0.0, int(lower_bound is not None), 1)
+    lib.emu_prologue(ctypes.byref(pa), ci.shape[0])
+    out = torch.full((1, T, H, V), float("nan"), dtype=bf)
+    ht = torch.full((N, H, V, K), float("nan"))
+    ra = RecurrenceArgs(*(ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")), decay.data_ptr(), out.data_ptr(),
+                        out.stride(1), out.stride(2), cu.data_ptr(), co.data_ptr(),
+                        h0.data_ptr() if h0 is not None else None, h0.stride(0) if h0 is not None else 0,
+                        ht.data_ptr(), ht.stride(0), None, 0, 0, None, None,
+                        ckpt.data_ptr() if ckpt is not None else None, ckpt.stride(0) if ckpt is not None else 0,
+                        ckpt.shape[0] if ckpt is not None else 0, ck_off.data_ptr() if ck_off is not None else None,
+                        None, H, K ** -0.5)
+    lib.emu_recurrence(ctypes.byref(ra), N)
+    return out, ht
+
+
+def make(seqlens, H, K, V, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(seqlens)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(q=(r(1, T, H, K) * 0.5).bfloat16(), k=(r(1, T, H, K) * 0.5).bfloat16(), v=(r(1, T, H, V) * 0.5).bfloat16(),
+                raw_g=r(1, T, H, K).bfloat16(), raw_beta=r(1, T, H).bfloat16(), A_log=r(H) * 0.5, g_bias=r(H * K) * 0.5,
+                cu_seqlens=torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32))
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["lower_bound", "softplus"])
+def test_matches_reference_with_ragged_t0_and_h0(emu, lower_bound):
+    _, K, V = emu
+    seqlens = [70, 0, 130]
+    x = make(seqlens, 2, K, V)
+    h0 = torch.randn(3, 2, V, K, generator=torch.Generator().manual_seed(1)) * 0.1
+    o, ht = run(emu, x, lower_bound=lower_bound, h0=h0)
+    ro, rf = chunk_kda_prefill_reference(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"],
+                                         initial_state=h0, output_final_state=True, lower_bound=lower_bound,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu_seqlens"])
+    assert rel_l2(o, ro) < 1e-2 and rel_l2(ht, rf) < 1e-2, (rel_l2(o, ro), rel_l2(ht, rf))
+    assert torch.equal(ht[1], h0[1])  # the T = 0 sequence passes its initial state through
+
+
+def test_checkpoint_is_bit_identical_to_a_truncated_prefill(emu):
+    _, K, V = emu
+    x = make([130, 70], 2, K, V, seed=3)
+    ck = torch.full((2, 2, V, K), float("nan"))
+    o, _ = run(emu, x, lower_bound=-5.0, ckpt=ck, ck_off=torch.tensor([128, 100], dtype=torch.int32))
+    xt = {n: (t[:, :128] if n in ("q", "k", "v", "raw_g", "raw_beta") else t) for n, t in x.items()}
+    xt["cu_seqlens"] = torch.tensor([0, 128], dtype=torch.int32)
+    _, ht = run(emu, xt, lower_bound=-5.0)
+    assert torch.equal(ck[0], ht[0])
+    assert bool(torch.isnan(ck[1]).all())  # offset 100 is not chunk-aligned: nothing written
+    assert torch.equal(o[:, :128], run(emu, xt, lower_bound=-5.0)[0])

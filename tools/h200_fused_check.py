@@ -7,13 +7,23 @@ FAIL with its message), then fused vs Triton timings. Exit status 1 if any case 
 
 Tolerance: relative L2 <= 1e-2 against the reference (bf16 inputs), <= 2e-2 between fused and Triton;
 checkpoints must be bit-identical to the final state of a prefill cut at the offset.
+
+The JIT builds each source with its target's matrix layer (templates/hip/include/kda_mma.h: mma.sync
+m16n8k16 bf16 on sm_90); the build row reports the HMMA count of its SASS (cuobjdump from PATH or the
+Triton wheel). Unless --no-fma, the FMA fallback (-DKDA_MMA_LAYER=0, built from a copy of the source) is
+also checked on one ragged case and timed, so one run compares fused-MMA, fused-FMA and Triton.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -22,7 +32,7 @@ import torch
 
 import kdagen_kernels
 from kdagen.reference import chunk_kda_prefill_reference, rel_l2
-from kdagen.runtime import fused_path
+from kdagen.runtime import fused_path, jit_hip
 from kdagen.runtime.metadata import prepare_chunk_indices, prepare_chunk_offsets
 
 TOL_REF = 1e-2
@@ -106,6 +116,30 @@ def check(errs: dict[str, float], tol: dict[str, float]) -> str:
     if bad:
         raise AssertionError(f"over tolerance: {text}")
     return text
+
+
+def sass_hmma(lib) -> str:
+    dump = os.environ.get("KDAGEN_CUOBJDUMP") or shutil.which("cuobjdump")
+    if not dump:
+        try:
+            import triton
+            cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+            dump = str(cand) if cand.is_file() else None
+        except ImportError:
+            dump = None
+    if not dump:
+        return "hmma=? (no cuobjdump)"
+    r = subprocess.run([dump, "-sass", str(lib.path)], capture_output=True, text=True)
+    return f"hmma={len(re.findall(r'HMMA[.]16816[.]F32[.]BF16', r.stdout))}" if r.returncode == 0 else "hmma=?"
+
+
+def load_fma(K=128, V=128):
+    """The FMA fallback of the same generated source: a copy with KDA_MMA_LAYER forced to 0."""
+    src = fused_path.source_path(PKG, K, V, "sm_90")
+    tmp = Path(tempfile.mkdtemp(prefix="kdagen_fma_"))
+    copy = tmp / (src.stem + "__fma.hip")
+    copy.write_text("#define KDA_MMA_LAYER 0\n" + src.read_text())
+    return jit_hip.load_library(copy, "sm_90", variant=src.stem + "__fma", include_dir=src.parent / "include")
 
 
 def numerics(libs, seqlens, K=128, V=128, lower_bound=LOWER_BOUND, h0=True, with_triton=True):
@@ -211,7 +245,7 @@ def strided_out(libs):
     return f"out strides {out.stride()}, raw_g/raw_beta strided: identical to dense"
 
 
-def bench(libs, H, T, N):
+def bench(libs, H, T, N, fma_lib=None):
     import triton.testing as tt
     seqlens = [T // N] * N
     K = V = 128
@@ -239,13 +273,18 @@ def bench(libs, H, T, N):
                                          cu_seqlens=x["cu_seqlens"], chunk_indices=ci, chunk_offsets=co, out=out)
     ms_f = tt.do_bench(f, return_mode="median")
     ms_t = tt.do_bench(t, return_mode="median")
-    return ms_f, ms_t
+    ms_fma = None
+    if fma_lib is not None:
+        lib = fma_lib
+        ms_fma = tt.do_bench(f, return_mode="median")
+    return ms_f, ms_t, ms_fma
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the [1024] and long cases")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--no-fma", action="store_true", help="skip the FMA-fallback build, check and timing")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(f"torch {torch.__version__}, device {torch.cuda.get_device_name()}", flush=True)
@@ -255,9 +294,19 @@ def main() -> int:
         try:
             libs[(K, V)] = fused_path.load_fused(PKG, K, V, "sm_90")
             sm = libs[(K, V)].smem_bytes()
-            ROWS.append((f"build k{K}_v{V} sm_90", "PASS", f"{time.time() - t0:.1f}s smem={sm} {libs[(K, V)].path}"))
+            ROWS.append((f"build k{K}_v{V} sm_90", "PASS", f"{time.time() - t0:.1f}s smem={sm} "
+                         f"{sass_hmma(libs[(K, V)])} {libs[(K, V)].path}"))
         except Exception as exc:  # noqa: BLE001
             ROWS.append((f"build k{K}_v{V} sm_90", "FAIL", f"{type(exc).__name__}: {exc}"[:2000]))
+    fma_lib = None
+    if not args.no_fma:
+        t0 = time.time()
+        try:
+            fma_lib = load_fma()
+            ROWS.append(("build k128_v128 sm_90 FMA fallback", "PASS", f"{time.time() - t0:.1f}s {sass_hmma(fma_lib)}"))
+            case("numerics FMA fallback [513, 64, 1, 1200]")(numerics)({(128, 128): fma_lib}, [513, 64, 1, 1200])
+        except Exception as exc:  # noqa: BLE001
+            ROWS.append(("build k128_v128 sm_90 FMA fallback", "FAIL", f"{type(exc).__name__}: {exc}"[:2000]))
     seqsets = [[1], [64], [513, 64, 1, 1200]] + ([] if args.quick else [[1024]])
     for s in seqsets:
         case(f"numerics H=12 K=V=128 {s}")(numerics)(libs, s)
@@ -280,9 +329,10 @@ def main() -> int:
         print("\ntimes (triton.testing.do_bench median, eager, Python included):")
         for H, T, N in ((12, 4096, 1), (96, 16384, 16)):
             try:
-                ms_f, ms_t = bench(libs, H, T, N)
+                ms_f, ms_t, ms_fma = bench(libs, H, T, N, fma_lib)
+                fma_txt = f"   fused-FMA {ms_fma:9.3f} ms" if ms_fma is not None else ""
                 print(f"  H={H:3d} T={T:6d} N={N:3d} tokens={T if N == 1 else T * N}: fused {ms_f:9.3f} ms   "
-                      f"triton {ms_t:9.3f} ms   fused/triton {ms_f / ms_t:5.2f}x")
+                      f"triton {ms_t:9.3f} ms   fused/triton {ms_f / ms_t:5.2f}x{fma_txt}")
             except Exception as exc:  # noqa: BLE001
                 print(f"  H={H} T={T} N={N}: FAILED {type(exc).__name__}: {exc}"[:400])
             torch.cuda.empty_cache()

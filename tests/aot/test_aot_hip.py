@@ -5,6 +5,12 @@
 Checks per kernel: no scratch and no spills, LDS (group segment) within the target's budget from
 kdagen/spec/targets.py; on sm_90 the ptxas report (registers, spills) and the shared-memory structs'
 sizes within the budget. Prints one line per kernel. Skips with a reason when a compiler is missing.
+
+Each source is built twice: with its target's matrix layer (templates/hip/include/kda_mma.h; the
+recurrence must then contain the matrix instruction: v_mfma_f32_16x16x16_bf16 on gfx942,
+v_mfma_f32_16x16x32_bf16 on gfx950, mma.sync.aligned.m16n8k16.row.col.f32.bf16 in the sm_90 PTX and
+HMMA.16816.F32.BF16 in its SASS when a cuobjdump is found) and with -DKDA_MMA_LAYER=0 (the FMA fallback:
+no matrix instruction at all).
 """
 
 from __future__ import annotations
@@ -24,6 +30,34 @@ HIP_DIR = ROOT / "generated" / "kdagen_kernels" / "hip"
 SOURCES = sorted(HIP_DIR.glob("*.hip"))
 CLANG = os.environ.get("KDAGEN_CLANG") or shutil.which("clang-22")
 NVCC = os.environ.get("KDAGEN_NVCC") or shutil.which("nvcc")
+LAYERS = ["mma", "fma"]  # the target's matrix layer (the rendered default) / -DKDA_MMA_LAYER=0
+AMD_MFMA = {"gfx942": "v_mfma_f32_16x16x16_bf16", "gfx950": "v_mfma_f32_16x16x32_bf16"}
+PTX_MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+
+
+def _cuobjdump() -> str | None:
+    found = os.environ.get("KDAGEN_CUOBJDUMP") or shutil.which("cuobjdump")
+    if found:
+        return found
+    try:  # Triton's wheel ships one
+        import triton
+        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(cand) if cand.is_file() else None
+    except ImportError:
+        return None
+
+
+def _layer_flags(layer: str) -> list[str]:
+    return ["-DKDA_MMA_LAYER=0"] if layer == "fma" else []
+
+
+def _amd_bodies(asm: str) -> dict[str, str]:
+    """Per kernel symbol, the text of its function body (label to .Lfunc_end)."""
+    return {m[1]: m[2] for m in re.finditer(r"^(_Z\w+):[^\n]*\n(.*?)^\.Lfunc_end", asm, re.S | re.M)}
+
+
+def _count_insns(body: str) -> int:
+    return sum(1 for line in body.splitlines() if re.match(r"\s+[a-z][a-z0-9_]*(\s|$)", line))
 
 
 def _target(src: Path) -> str:
@@ -54,23 +88,36 @@ def test_every_hip_variant_has_sources():
 
 
 @pytest.mark.skipif(CLANG is None, reason="clang-22 not found (apt-get install clang-22 lld-22, or set KDAGEN_CLANG)")
+@pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("src", AMD, ids=lambda p: p.stem)
-def test_amd_compile(src, tmp_path, capsys):
+def test_amd_compile(src, layer, tmp_path, capsys):
     target = _target(src)
     asm = tmp_path / f"{src.stem}.s"
     cmd = [CLANG, "-x", "hip", f"--offload-arch={target}", "--cuda-device-only", "-nogpulib", "-nogpuinc",
-           "-O3", "-std=c++17", "-DKDA_DEVICE_ONLY", "-I", str(HIP_DIR / "include"), "-S", "-o", str(asm), str(src)]
+           "-O3", "-std=c++17", "-DKDA_DEVICE_ONLY", *_layer_flags(layer), "-I", str(HIP_DIR / "include"), "-S",
+           "-o", str(asm), str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    kernels = _amd_kernels(asm.read_text())
+    text = asm.read_text()
+    kernels = _amd_kernels(text)
+    bodies = _amd_bodies(text)
+    assert {k for k in bodies} >= set(kernels), (list(bodies), list(kernels))
+    mfma = {name: len(re.findall(r"\bv_mfma\w*", body)) for name, body in bodies.items()}
+    want = AMD_MFMA[target]
+    for name, body in bodies.items():
+        if layer == "mma" and "recurrence" in name:
+            assert want in body, f"{name}: no {want} on {target}"
+        if layer == "fma" or "prologue" in name:
+            assert mfma[name] == 0, f"{name}: unexpected MFMA with layer {layer}"
     assert {k.split("kda_")[-1].split("_kernel")[0] for k in kernels} >= {"prologue", "recurrence"}, list(kernels)
     budget = TARGETS[target].smem_per_block
     with capsys.disabled():
         for name, f in kernels.items():
             short = "prologue" if "prologue" in name else "recurrence"
-            print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target}: lds={f['group_segment_fixed_size']} "
+            print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target} {layer}: lds={f['group_segment_fixed_size']} "
                   f"vgpr={f.get('vgpr_count')} agpr={f.get('agpr_count')} scratch={f['private_segment_fixed_size']} "
-                  f"vgpr_spill={f['vgpr_spill_count']} sgpr_spill={f['sgpr_spill_count']}", end="")
+                  f"vgpr_spill={f['vgpr_spill_count']} sgpr_spill={f['sgpr_spill_count']} "
+                  f"insns={_count_insns(bodies[name])} mfma={mfma[name]}", end="")
     for name, f in kernels.items():
         assert f["private_segment_fixed_size"] == 0, f"{name}: scratch on {target}"
         assert f["vgpr_spill_count"] == 0 and f["sgpr_spill_count"] == 0, f"{name}: spills on {target}"
@@ -78,16 +125,32 @@ def test_amd_compile(src, tmp_path, capsys):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit or `pip install nvidia-cuda-nvcc`; or set KDAGEN_NVCC)")
+@pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("src", NV, ids=lambda p: p.stem)
-def test_nvcc_compile(src, tmp_path, capsys):
+def test_nvcc_compile(src, layer, tmp_path, capsys):
     target = _target(src)
     arch = target.replace("sm_", "")
     obj = tmp_path / f"{src.stem}.o"
-    cmd = [NVCC, "-O3", "-std=c++17", f"-arch=sm_{arch}", "-x", "cu", "-c", "-Xptxas", "-v",
+    cmd = [NVCC, "-O3", "-std=c++17", f"-arch=sm_{arch}", "-x", "cu", "-c", "-Xptxas", "-v", *_layer_flags(layer),
            "-I", str(HIP_DIR / "include"), "-o", str(obj), str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     report = r.stdout + r.stderr
+    ptx = tmp_path / f"{src.stem}.ptx"
+    r = subprocess.run([NVCC, "-O3", "-std=c++17", f"-arch=sm_{arch}", "-x", "cu", "--ptx", *_layer_flags(layer),
+                        "-I", str(HIP_DIR / "include"), "-o", str(ptx), str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    n_ptx = ptx.read_text().count(PTX_MMA)
+    assert (n_ptx > 0) == (layer == "mma"), f"{n_ptx} x {PTX_MMA} in the PTX with layer {layer}"
+    sass_note = ""
+    dump = _cuobjdump()
+    if dump:
+        sass = subprocess.run([dump, "-sass", str(obj)], capture_output=True, text=True)
+        if sass.returncode == 0:
+            n_hmma = len(re.findall(r"HMMA\.16816\.F32\.BF16", sass.stdout))
+            assert (n_hmma > 0) == (layer == "mma"), f"{n_hmma} HMMA.16816.F32.BF16 in the SASS with layer {layer}"
+            n_sass = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass.stdout, re.M))
+            sass_note = f" sass_insns(both)={n_sass} hmma={n_hmma}"
     blocks = re.findall(r"Compiling entry function '(\S+)' for 'sm_\d+'.*?"
                         r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads.*?"
                         r"Used (\d+) registers", report, re.S)
@@ -95,8 +158,9 @@ def test_nvcc_compile(src, tmp_path, capsys):
     with capsys.disabled():
         for name, stack, st, ld, regs in blocks:
             short = "prologue" if "prologue" in name else "recurrence"
-            print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target}: regs={regs} stack={stack} "
-                  f"spill_stores={st} spill_loads={ld}", end="")
+            print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target} {layer}: regs={regs} stack={stack} "
+                  f"spill_stores={st} spill_loads={ld} ptx_mma={n_ptx if 'recurrence' in name else '-'}"
+                  f"{sass_note if 'recurrence' in name else ''}", end="")
     for name, stack, st, ld, regs in blocks:
         assert int(st) == 0 and int(ld) == 0, f"{name}: spills on {target}"
     # Dynamic shared memory on CUDA: the launcher sets the attribute to sizeof(the Smem struct).

@@ -1,9 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The generated fused HIP kernels' own code, run on the CPU: g++ builds the sm_90 source against a
+"""The generated fused HIP kernels' own code, run on the CPU: g++ builds a generated source against a
 test-only port header (tests/unit/hip_emulation/: one std::thread per GPU thread, std::barrier for
-__syncthreads), and the results are compared with the float64 reference. This checks indexing, masking,
-state modes and checkpoint semantics of the kernel code, not GPU-specific behaviour (the H200 does that:
-tools/h200_fused_check.py)."""
+__syncthreads and per wave), and the results are compared with the float64 reference. This checks
+indexing, masking, state modes and checkpoint semantics of the kernel code, not GPU-specific behaviour
+(the H200 does that: tools/h200_fused_check.py).
+
+Parametrized over the matrix layers of templates/hip/include/kda_mma.h (-DKDA_MMA_LAYER): `fma` (the
+fallback, sm_90 source), `sm90_mma` (sm_90 source, mma.sync m16n8k16 fragments, warp 32), `gfx942_mfma`
+(gfx942 source, 16x16x16 MFMA fragments, wave 64) and `gfx950_mfma` (gfx950 source, 16x16x32, wave 64).
+The layer's own fragment index math runs; the instructions are the emulation header's wave models, written
+from the PTX / CDNA ISA element -> lane maps. test_mma_layer_tile checks one tile product of each layer
+exactly against an fp32 product of the same bf16 operands."""
 
 from __future__ import annotations
 
@@ -42,15 +49,26 @@ class RecurrenceArgs(ctypes.Structure):
                 ("n_ck", I64), ("ck_off", P), ("ck_idx", P), ("H", I32), ("scale", F32)]
 
 
-@pytest.fixture(scope="module", params=[(128, 256)], ids=lambda kv: f"k{kv[0]}_v{kv[1]}")
-def emu(request, tmp_path_factory):
-    K, V = request.param
-    src = HIP / f"kda_chunk_fwd__hip__bf16__k{K}_v{V}_c64__sm_90.hip"
-    so = tmp_path_factory.mktemp("emu") / "emu.so"
-    r = subprocess.run([CXX, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", f"-I{EMU}",
-                        f'-DKDA_SOURCE="{src}"', "-o", str(so), str(EMU / "driver.cpp")], capture_output=True, text=True)
+# layer id -> (KDA_MMA_LAYER, target whose generated source is built)
+LAYERS = {"fma": (0, "sm_90"), "sm90_mma": (1, "sm_90"), "gfx942_mfma": (2, "gfx942"), "gfx950_mfma": (3, "gfx950")}
+
+
+def _build(K, V, layer, tmp_path_factory):
+    num, target = LAYERS[layer]
+    src = HIP / f"kda_chunk_fwd__hip__bf16__k{K}_v{V}_c64__{target}.hip"
+    so = tmp_path_factory.mktemp(f"emu_{layer}") / "emu.so"
+    r = subprocess.run([CXX, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", f"-I{EMU}", f"-I{HIP / 'include'}",
+                        f"-DKDA_MMA_LAYER={num}", f'-DKDA_SOURCE="{src}"', "-o", str(so), str(EMU / "driver.cpp")],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    lib = ctypes.CDLL(str(so))
+    return ctypes.CDLL(str(so))
+
+
+@pytest.fixture(scope="module", params=[(128, 256, layer) for layer in LAYERS],
+                ids=lambda p: f"k{p[0]}_v{p[1]}-{p[2]}")
+def emu(request, tmp_path_factory):
+    K, V, layer = request.param
+    lib = _build(K, V, layer, tmp_path_factory)
     lib.emu_sizes.restype = ctypes.c_int
     assert lib.emu_sizes(0) == ctypes.sizeof(PrologueArgs) and lib.emu_sizes(1) == ctypes.sizeof(RecurrenceArgs)
     lib.emu_prologue.argtypes = [ctypes.POINTER(PrologueArgs), I64]
@@ -111,7 +129,9 @@ def test_matches_reference_with_ragged_t0_and_h0(emu, lower_bound):
     ro, rf = chunk_kda_prefill_reference(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"],
                                          initial_state=h0, output_final_state=True, lower_bound=lower_bound,
                                          use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu_seqlens"])
-    assert rel_l2(o, ro) < 1e-2 and rel_l2(ht, rf) < 1e-2, (rel_l2(o, ro), rel_l2(ht, rf))
+    eo, es = rel_l2(o, ro), rel_l2(ht, rf)
+    print(f"[emulated] o rel_l2={eo:.3e} state rel_l2={es:.3e}")
+    assert eo < 1e-2 and es < 1e-2, (eo, es)
     assert torch.equal(ht[1], h0[1])  # the T = 0 sequence passes its initial state through
 
 
@@ -126,3 +146,28 @@ def test_checkpoint_is_bit_identical_to_a_truncated_prefill(emu):
     assert torch.equal(ck[0], ht[0])
     assert bool(torch.isnan(ck[1]).all())  # offset 100 is not chunk-aligned: nothing written
     assert torch.equal(o[:, :128], run(emu, xt, lower_bound=-5.0)[0])
+
+
+@pytest.mark.parametrize("layer", [layer for layer in LAYERS if layer != "fma"])
+def test_mma_layer_tile(layer, tmp_path_factory):
+    """One 16 x 16 x 64 tile through the layer (loads, mma16, accumulator indices) must equal the fp32
+    product of the same bf16 operands (products exact, fp32 sum in k order: the models' arithmetic)."""
+    lib = _build(128, 128, layer, tmp_path_factory)
+    g = torch.Generator().manual_seed(7)
+    A = torch.randn(16, 64, generator=g).bfloat16()
+    B = torch.randn(64, 16, generator=g).bfloat16()
+    C0 = torch.randn(16, 16, generator=g)
+    bits = lambda t: t.contiguous().view(torch.int16)  # noqa: E731
+    a, b, at, bt = bits(A), bits(B), bits(A.t()), bits(B.t())
+    C1, C2 = C0.clone(), torch.zeros(16, 16)
+    lib.emu_mma_tile.argtypes = [P] * 6
+    kstep = lib.emu_mma_tile(a.data_ptr(), b.data_ptr(), at.data_ptr(), bt.data_ptr(), C1.data_ptr(), C2.data_ptr())
+    assert kstep == {"sm90_mma": 16, "gfx942_mfma": 16, "gfx950_mfma": 32}[layer]
+    want = C0.double() + A.double() @ B.double()
+    assert (C1.double() - want).abs().max().item() < 1e-4, (C1.double() - want).abs().max().item()
+    assert torch.equal(C1, C2)
+    # Exact: sequential fp32 accumulation from C in k order, as the models define the instruction.
+    ref = C0.clone()
+    for k in range(64):
+        ref = ref + A[:, k].float()[:, None] * B[k, :].float()[None, :]
+    assert torch.equal(C1, ref)

@@ -101,3 +101,6 @@ __device__ __forceinline__ kda_bf16 kda_f32_to_bf16(float f) {
 }
 __device__ __forceinline__ float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 __device__ __forceinline__ float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }
+
+// The per-target matrix layer (kda_mma.h; KDA_MMA_LAYER, default from the kernel source's target).
+#include "kda_mma.h"

@@ -62,15 +62,8 @@ def _writable_dir(path: Path) -> bool:
 
 def cache_root() -> Path:
     """The configured root if it is usable, else one private temp dir per process (warned about once)."""
-    global _fallback_root
     root = configured_root()
-    if _writable_dir(root):
-        return root
-    if _fallback_root is None:
-        _fallback_root = Path(tempfile.mkdtemp(prefix="kdagen-cache-"))
-        log.warning("kdagen: cache dir %s is not writable; using the private temp dir %s for this process "
-                    "(set KDAGEN_CACHE_DIR to a writable folder to keep builds between runs)", root, _fallback_root)
-    return _fallback_root
+    return root if _writable_dir(root) else _private_fallback(root)
 
 
 def sha256_file(path: Path) -> str:
@@ -226,6 +219,6 @@ def _private_fallback(root: Path) -> Path:
     global _fallback_root
     if _fallback_root is None:
         _fallback_root = Path(tempfile.mkdtemp(prefix="kdagen-cache-"))
-        log.warning("kdagen: cache dir %s is not writable; using the private temp dir %s for this process",
-                    root, _fallback_root)
+        log.warning("kdagen: cache dir %s is not writable; using the private temp dir %s for this process "
+                    "(set KDAGEN_CACHE_DIR to a writable folder to keep builds between runs)", root, _fallback_root)
     return _fallback_root

@@ -24,14 +24,15 @@ class KernelReport:
     target: str
     shared: int
     registers: int | None = None
-    spills: int | None = None
+    spills: int | None = None  # AMD: VGPR + SGPR spill counts
+    stack: int | None = None  # NVIDIA: bytes of per-thread stack frame (spills and local arrays)
     scratch: int | None = None
     mma: list[str] = field(default_factory=list)
 
     def row(self) -> str:
         mma = ",".join(sorted(set(self.mma)))[:60]
-        return (f"{self.kernel:15s} {self.target:7s} smem={self.shared:7d} regs={self.registers} "
-                f"spills={self.spills} scratch={self.scratch} mma={mma}")
+        spill = f"stack={self.stack}B" if self.stack is not None else f"spills={self.spills} scratch={self.scratch}"
+        return f"{self.kernel:15s} {self.target:7s} smem={self.shared:7d} regs={self.registers} {spill} mma={mma}"
 
 
 def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, safe_diag: bool, state_mode: int) -> dict:
@@ -60,7 +61,7 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, safe_diag: b
 
 
 def _ptxas_report(cubin: bytes, arch: str = "sm_90") -> tuple[int | None, int | None]:
-    """Registers and spill bytes of a cubin, from Triton's bundled cuobjdump when present."""
+    """Registers and stack-frame bytes of a cubin, from Triton's bundled cuobjdump when present."""
     try:
         from triton.backends.nvidia.compiler import get_ptxas  # noqa: F401  (only to find the bin dir)
         import triton.backends.nvidia as nv
@@ -110,7 +111,7 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, s
             rep.scratch = _int(asm, r"\.private_segment_fixed_size:\s+(\d+)")
             rep.mma = re.findall(r"\b(v_mfma_\w+)", asm)
         else:
-            rep.registers, rep.spills = _ptxas_report(k.asm["cubin"])
+            rep.registers, rep.stack = _ptxas_report(k.asm["cubin"])
             rep.mma = re.findall(r"\b(wgmma\.mma_async\.\S+|mma\.sync\.\S+)", k.asm["ptx"])
         reports.append(rep)
     return reports

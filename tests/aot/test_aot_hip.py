@@ -6,10 +6,10 @@ Checks per kernel: no scratch and no spills, LDS (group segment) within the targ
 kdagen/spec/targets.py; on sm_90 the ptxas report (registers, spills) and the shared-memory structs'
 sizes within the budget. Prints one line per kernel. Skips with a reason when a compiler is missing.
 
-Each source is built twice: with its target's matrix layer (templates/hip/include/kda_mma.h; the
-recurrence must then contain the matrix instruction: v_mfma_f32_16x16x16_bf16 on gfx942,
+Each source is built twice: with its target's matrix layer (templates/hip/include/kda_mma.h; both
+kernels, prologue and recurrence, must then contain the matrix instruction: v_mfma_f32_16x16x16_bf16 on gfx942,
 v_mfma_f32_16x16x32_bf16 on gfx950, mma.sync.aligned.m16n8k16.row.col.f32.bf16 in the sm_90 PTX and
-HMMA.16816.F32.BF16 in its SASS when a cuobjdump is found) and with -DKDA_MMA_LAYER=0 (the FMA fallback:
+HMMA.16816.F32.BF16 in its SASS when a cuobjdump is found; per kernel in the PTX) and with -DKDA_MMA_LAYER=0 (the FMA fallback:
 no matrix instruction at all).
 """
 
@@ -105,9 +105,9 @@ def test_amd_compile(src, layer, tmp_path, capsys):
     mfma = {name: len(re.findall(r"\bv_mfma\w*", body)) for name, body in bodies.items()}
     want = AMD_MFMA[target]
     for name, body in bodies.items():
-        if layer == "mma" and "recurrence" in name:
+        if layer == "mma":  # both kernels: the prologue's Akk/Aqk and w/u, the recurrence's four products
             assert want in body, f"{name}: no {want} on {target}"
-        if layer == "fma" or "prologue" in name:
+        else:
             assert mfma[name] == 0, f"{name}: unexpected MFMA with layer {layer}"
     assert {k.split("kda_")[-1].split("_kernel")[0] for k in kernels} >= {"prologue", "recurrence"}, list(kernels)
     budget = TARGETS[target].smem_per_block
@@ -140,8 +140,15 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     r = subprocess.run([NVCC, "-O3", "-std=c++17", f"-arch=sm_{arch}", "-x", "cu", "--ptx", *_layer_flags(layer),
                         "-I", str(HIP_DIR / "include"), "-o", str(ptx), str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    n_ptx = ptx.read_text().count(PTX_MMA)
+    ptx_text = ptx.read_text()
+    n_ptx = ptx_text.count(PTX_MMA)
     assert (n_ptx > 0) == (layer == "mma"), f"{n_ptx} x {PTX_MMA} in the PTX with layer {layer}"
+    # Per entry: both kernels use the layer (prologue Akk/Aqk and w/u, recurrence), or neither does.
+    entries = {m[1]: m[2] for m in re.finditer(r"\.entry\s+(\w+)\((.*?)(?=\.entry\s|\Z)", ptx_text, re.S)}
+    ptx_per = {name: body.count(PTX_MMA) for name, body in entries.items()}
+    assert {("prologue" if "prologue" in n else "recurrence") for n in ptx_per} >= {"prologue", "recurrence"}, list(ptx_per)
+    for name, cnt in ptx_per.items():
+        assert (cnt > 0) == (layer == "mma"), f"{name}: {cnt} x {PTX_MMA} in the PTX with layer {layer}"
     sass_note = ""
     dump = _cuobjdump()
     if dump:
@@ -159,10 +166,11 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
         for name, stack, st, ld, regs in blocks:
             short = "prologue" if "prologue" in name else "recurrence"
             print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target} {layer}: regs={regs} stack={stack} "
-                  f"spill_stores={st} spill_loads={ld} ptx_mma={n_ptx if 'recurrence' in name else '-'}"
+                  f"spill_stores={st} spill_loads={ld} "
+                  f"ptx_mma={next((c for n, c in ptx_per.items() if n == name), '-')}"
                   f"{sass_note if 'recurrence' in name else ''}", end="")
     for name, stack, st, ld, regs in blocks:
         assert int(st) == 0 and int(ld) == 0, f"{name}: spills on {target}"
     # Dynamic shared memory on CUDA: the launcher sets the attribute to sizeof(the Smem struct).
-    structs = re.findall(r"struct (\w+Smem) \{(.*?)\n\};", src.read_text(), re.S)
+    structs = re.findall(r"struct (?:alignas\(\d+\) )?(\w+Smem) \{(.*?)\n\};", src.read_text(), re.S)
     assert {s for s, _ in structs} == {"PrologueSmem", "RecurrenceSmem"}

@@ -8,7 +8,8 @@ indexing, masking, state modes and checkpoint semantics of the kernel code, not 
 Parametrized over the matrix layers of templates/hip/include/kda_mma.h (-DKDA_MMA_LAYER): `fma` (the
 fallback, sm_90 source), `sm90_mma` (sm_90 source, mma.sync m16n8k16 fragments, warp 32), `gfx942_mfma`
 (gfx942 source, 16x16x16 MFMA fragments, wave 64) and `gfx950_mfma` (gfx950 source, 16x16x32, wave 64).
-The layer's own fragment index math runs; the instructions are the emulation header's wave models, written
+The layer's own fragment index math runs (in both kernels: the prologue's Aqk/Akk off-diagonal blocks and
+w/u, the recurrence's four products); the instructions are the emulation header's wave models, written
 from the PTX / CDNA ISA element -> lane maps. test_mma_layer_tile checks one tile product of each layer
 exactly against an fp32 product of the same bf16 operands."""
 
@@ -171,3 +172,42 @@ def test_mma_layer_tile(layer, tmp_path_factory):
     for k in range(64):
         ref = ref + A[:, k].float()[:, None] * B[k, :].float()[None, :]
     assert torch.equal(C1, ref)
+
+
+def _prologue_ws(lib, K, V, x, lower_bound):
+    q, k, v, g, b = x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"]
+    T, H = q.shape[1], q.shape[2]
+    cu = x["cu_seqlens"]
+    ci = prepare_chunk_indices(cu, 64).to(torch.int32).contiguous()
+    ws = {n: torch.full((T, H, d), float("nan"), dtype=torch.bfloat16)
+          for n, d in (("qg", K), ("w", K), ("kg", K), ("u", V), ("aqk", 64))}
+    decay = torch.full((max(ci.shape[0], 1), H, K), float("nan"))
+    pa = PrologueArgs(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), b.data_ptr(), x["A_log"].data_ptr(),
+                      x["g_bias"].data_ptr(), cu.data_ptr(), ci.data_ptr(), *(ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")),
+                      decay.data_ptr(), q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+                      g.stride(1), g.stride(2), b.stride(1), b.stride(2), H, K ** -0.5,
+                      lower_bound if lower_bound is not None else 0.0, int(lower_bound is not None), 1)
+    lib.emu_prologue.argtypes = [ctypes.POINTER(PrologueArgs), I64]
+    lib.emu_prologue(ctypes.byref(pa), ci.shape[0])
+    # aqk: only s <= t within the chunk is defined
+    pos = torch.cat([torch.arange(int(cu[i + 1] - cu[i])) % 64 for i in range(cu.numel() - 1)])
+    ws["aqk"] = torch.where((torch.arange(64)[None, :] <= pos[:, None])[:, None, :], ws["aqk"].float(), 0.0)
+    return ws, decay
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["lower_bound", "softplus"])
+@pytest.mark.parametrize("layer", [layer for layer in LAYERS if layer != "fma"])
+def test_prologue_layer_matches_fma(layer, lower_bound, tmp_path_factory):
+    """The prologue's matrix-layer products (off-diagonal Aqk/Akk blocks from bf16 operands, w/u from a
+    bf16 T) against the FMA fallback's fp32 ones, workspace tensor by tensor: equal up to bf16 operand
+    rounding; qg, kg and decay (no products) bit-identical."""
+    K, V = 128, 256
+    x = make([70, 0, 130], 2, K, V, seed=5)
+    ref, rdec = _prologue_ws(_build(K, V, "fma", tmp_path_factory), K, V, x, lower_bound)
+    got, gdec = _prologue_ws(_build(K, V, layer, tmp_path_factory), K, V, x, lower_bound)
+    for n in ("qg", "kg"):
+        assert torch.equal(got[n], ref[n]), n
+    assert torch.equal(gdec, rdec)
+    errs = {n: rel_l2(got[n].float(), ref[n].float()) for n in ("w", "u", "aqk")}
+    print(f"[prologue {layer}] " + " ".join(f"{n} rel_l2={e:.3e}" for n, e in errs.items()))
+    assert all(e < 1e-2 for e in errs.values()), errs

@@ -60,10 +60,9 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, safe_diag: b
     return {"kda_prologue": (pro_sig, pro_const), "kda_recurrence": (rec_sig, rec_const)}
 
 
-def _ptxas_report(cubin: bytes, arch: str = "sm_90") -> tuple[int | None, int | None]:
+def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
     """Registers and stack-frame bytes of a cubin, from Triton's bundled cuobjdump when present."""
     try:
-        from triton.backends.nvidia.compiler import get_ptxas  # noqa: F401  (only to find the bin dir)
         import triton.backends.nvidia as nv
         tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
     except Exception:  # pragma: no cover - layout differs across Triton releases

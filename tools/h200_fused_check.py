@@ -205,8 +205,8 @@ def checkpoints(libs, K=128, V=128):
     ck = torch.full((N + 2, H, V, K), float("nan"), device=DEV)
     rows = torch.tensor([6, 0, 3, 1, 2], dtype=torch.int32, device=DEV)
     o_ck, f_ck = fused(lib, x, checkpoint_state=ck, checkpoint_offsets=torch.tensor(offs, dtype=torch.int32, device=DEV),
-                       checkpoint_state_indices=rows)
-    o_plain, f_plain = fused(lib, x)
+                       checkpoint_state_indices=rows, groups=1)
+    o_plain, f_plain = fused(lib, x, groups=1)
     assert torch.equal(o_ck, o_plain) and torch.equal(f_ck, f_plain), "exporting checkpoints changed the output/state"
     # Truncated prefill: each sequence cut at its offset (valid ones), same initial states.
     valid = [n for n in range(N) if 0 < offs[n] < seqlens[n] and offs[n] % 64 == 0]
@@ -216,7 +216,7 @@ def checkpoints(libs, K=128, V=128):
     xt["cu_seqlens"] = torch.tensor([0] + list(torch.tensor([offs[n] for n in valid]).cumsum(0).tolist()),
                                     dtype=torch.int32, device=DEV)
     xt["initial_state"] = x["initial_state"][valid].contiguous()
-    _, ft = fused(lib, xt)
+    _, ft = fused(lib, xt, groups=1)
     for j, n in enumerate(valid):
         r = int(rows[n])
         assert torch.equal(ck[r], ft[j]), f"checkpoint of sequence {n} (row {r}) is not bit-identical: " \
@@ -224,6 +224,24 @@ def checkpoints(libs, K=128, V=128):
     untouched = [r for r in range(N + 2) if r not in [int(rows[n]) for n in valid]]
     assert bool(torch.isnan(ck[untouched]).all()), "a checkpoint row that should not be written was written"
     return f"{len(valid)} snapshots bit-exact, {len(untouched)} rows untouched, export does not perturb"
+
+
+def group_counts(libs, seqlens, groups=(2, 4, 8, 40)):
+    """The two-pass group scan against the one-pass walk (and the reference), slow gates so the state
+    carries across groups; the chunk count is below 40, so some groups are empty."""
+    lib = libs[(128, 128)]
+    x = make(seqlens)
+    x["raw_g"] = (x["raw_g"].float() - 6.0).bfloat16()
+    o1, f1 = fused(lib, x, groups=1)
+    ro, rf = reference(x)
+    errs, tol = {"G1 o/ref": rel_l2(o1, ro), "G1 ht/ref": rel_l2(f1, rf)}, {}
+    for g in groups:
+        og, fg = fused(lib, x, groups=g)
+        errs[f"G{g} o/G1"] = rel_l2(og, o1)
+        errs[f"G{g} ht/G1"] = rel_l2(fg, f1)
+        errs[f"G{g} o/ref"] = rel_l2(og, ro)
+    tol = {k: (TOL_REF if "ref" in k else 5e-3) for k in errs}
+    return check(errs, tol)
 
 
 def strided_out(libs):
@@ -245,7 +263,10 @@ def strided_out(libs):
     return f"out strides {out.stride()}, raw_g/raw_beta strided: identical to dense"
 
 
-def bench(libs, H, T, N, fma_lib=None):
+SHAPES = [(h, t, n) for h in (12, 32, 96) for (t, n) in ((4096, 1), (16384, 1), (65536, 1), (16384, 16), (65536, 64))]
+
+
+def bench(libs, H, T, N, fma_lib=None, groups=None):
     import triton.testing as tt
     seqlens = [T // N] * N
     K = V = 128
@@ -265,7 +286,8 @@ def bench(libs, H, T, N, fma_lib=None):
     def f():
         fused_path.run_fused(lib, q=x["q"], k=x["k"], v=x["v"], raw_g=x["raw_g"], raw_beta=x["raw_beta"],
                              A_log=x["A_log"], g_bias=x["g_bias"], scale=K ** -0.5, lower_bound=LOWER_BOUND,
-                             cu_seqlens=x["cu_seqlens"], chunk_indices=ci, chunk_offsets=co, out=out)
+                             cu_seqlens=x["cu_seqlens"], chunk_indices=ci, chunk_offsets=co, out=out,
+                             groups=groups)
 
     def t():
         kdagen_kernels.chunk_kda_prefill(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"],
@@ -285,6 +307,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="skip the [1024] and long cases")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-fma", action="store_true", help="skip the FMA-fallback build, check and timing")
+    ap.add_argument("--all-shapes", action="store_true", help="time every performance.md shape")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(f"torch {torch.__version__}, device {torch.cuda.get_device_name()}", flush=True)
@@ -319,6 +342,8 @@ def main() -> int:
     case("checkpoints bit-exact K=V=128")(checkpoints)(libs)
     case("checkpoints bit-exact K=128 V=256")(checkpoints)(libs, 128, 256)
     case("out strided view + strided raw_g/raw_beta")(strided_out)(libs)
+    case("group scan G=2,4,8,40 [1024, 300]")(group_counts)(libs, [1024, 300])
+    case("group scan G=2,4,8,40 [2000]")(group_counts)(libs, [2000])
 
     width = max(len(r[0]) for r in ROWS)
     print("\n" + "=" * 100)
@@ -327,12 +352,19 @@ def main() -> int:
     failed = sum(r[1] == "FAIL" for r in ROWS)
     if not args.no_bench and (128, 128) in libs:
         print("\ntimes (triton.testing.do_bench median, eager, Python included):")
-        for H, T, N in ((12, 4096, 1), (96, 16384, 16)):
+        lib = libs[(128, 128)]
+        print(f"  recurrence: V slice {lib.v_slice}, {lib.recurrence_blocks_per_sm()} blocks/SM, "
+              f"smem {lib.smem_bytes()}")
+        for H, T, N in (SHAPES if args.all_shapes else ((12, 4096, 1), (12, 65536, 1), (96, 16384, 16))):
             try:
-                ms_f, ms_t, ms_fma = bench(libs, H, T, N, fma_lib)
+                G = fused_path.choose_groups(N, H, -(-T // N // 64) * N, 128, 128, lib.v_slice,
+                                             torch.cuda.get_device_properties(0).multi_processor_count,
+                                             lib.recurrence_blocks_per_sm())
+                ms_f, ms_t, ms_fma = bench(libs, H, T, N, fma_lib if H * T <= 12 * 4096 else None)
+                g1 = f"   fused G=1 {bench(libs, H, T, N, groups=1)[0]:8.3f} ms" if G > 1 else ""
                 fma_txt = f"   fused-FMA {ms_fma:9.3f} ms" if ms_fma is not None else ""
-                print(f"  H={H:3d} T={T:6d} N={N:3d} tokens={T if N == 1 else T * N}: fused {ms_f:9.3f} ms   "
-                      f"triton {ms_t:9.3f} ms   fused/triton {ms_f / ms_t:5.2f}x{fma_txt}")
+                print(f"  H={H:3d} T={T:6d} N={N:3d}: fused {ms_f:8.3f} ms (G={G:2d})   triton {ms_t:8.3f} ms   "
+                      f"fused/triton {ms_f / ms_t:5.2f}x{g1}{fma_txt}", flush=True)
             except Exception as exc:  # noqa: BLE001
                 print(f"  H={H} T={T} N={N}: FAILED {type(exc).__name__}: {exc}"[:400])
             torch.cuda.empty_cache()

@@ -13,7 +13,7 @@ import kdagen
 from kdagen.render.env import RenderError, torch_dtype, triton_dtype
 from kdagen.spec.model import OpSpec, VariantSpec
 from kdagen.spec.targets import (
-    HIP_ABI, HIP_COLUMN_TILE, HIP_THREADS, HIP_V_SLICE, SUB_CHUNK, TARGETS, next_pow2,
+    HIP_ABI, HIP_COLUMN_TILE, HIP_FMA_V_SLICE, HIP_THREADS, SUB_CHUNK, TARGETS, next_pow2,
 )
 
 # backend -> (template, output path relative to generated/kdagen_kernels/ with {name} = VariantSpec.name)
@@ -23,10 +23,8 @@ VARIANT_TEMPLATES: dict[str, tuple[str, str]] = {
 
 # The fused HIP backend renders one source per (variant, target): (template, output pattern with {name}
 # and {target}). Its headers in templates/hip/include/ are not rendered: they are copied verbatim (behind
-# a stamp line) into hip/include/, next to the sources that #include them.
-# NOTE(hip): HIP variants are rendered but deliberately left out of the package registry (`variants` in
-# package_context): the dispatcher treats any registered hip variant as a usable fused path, which
-# only becomes true once kdagen/runtime/fused_path.py is wired in after the H200 proves it.
+# a stamp line) into hip/include/, next to the sources that #include them. The registry lists hip variants
+# like the others; the dispatcher builds them on first use (runtime/fused_path.load_fused), never at import.
 HIP_TEMPLATE: tuple[str, str] = ("hip/kda_chunk.hip.j2", "hip/{name}__{target}.hip")
 HIP_INCLUDE_DIR = "hip/include"  # relative to templates/ and to generated/kdagen_kernels/
 HIP_VERBATIM_TEMPLATE = "hip/verbatim.j2"
@@ -87,7 +85,8 @@ def hip_context(v: VariantSpec, target: str, stamp: str) -> dict[str, Any]:
         "V": v.head_dim_v,
         "BT": v.chunk_size,
         "DK": HIP_COLUMN_TILE,
-        "BVS": HIP_V_SLICE,
+        "BVS": TARGETS[target].hip_v_slice,
+        "BVS_FMA": HIP_FMA_V_SLICE,
         "THREADS": HIP_THREADS,
         "abi": HIP_ABI,
         "stamp": stamp,
@@ -102,11 +101,12 @@ def hip_includes(root: Path) -> list[str]:
 
 
 def package_context(specs: Sequence[OpSpec], stamp: str) -> dict[str, Any]:
-    every = sorted((v for s in specs for v in s.variants), key=lambda v: v.name)
-    variants = [v for v in every if v.backend != "hip"]  # see NOTE(hip) above
+    # Triton variants first (the default path), then the fused hip ones; by name within a backend.
+    variants = sorted((v for s in specs for v in s.variants), key=lambda v: (v.backend != "triton", v.name))
     return {
         "variants": variants,
-        "hip_variants": [v for v in every if v.backend == "hip"],
+        "triton_variants": [v for v in variants if v.backend == "triton"],
+        "hip_variants": [v for v in variants if v.backend == "hip"],
         "chunk_sizes": sorted({v.chunk_size for v in variants}),
         "specs": list(specs),
         "targets": TARGETS,

@@ -9,14 +9,32 @@ mistake is an exception here and never an out-of-bounds access on the device.
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 from pathlib import Path
 
 import torch
 
-from .jit_hip import HipLibrary, load_library
+from .device import target_of
+from .jit_hip import HipLibrary, TargetMismatchError, load_library
 
 CHUNK = 64
 OP = "run_fused"
+MAX_GROUPS = 32
+GROUPS_ENV = "KDAGEN_FUSED_GROUPS"
+# One group-scan step (a [16, K] x [K, K] fp32 product per block) in units of one chunk step of the walk.
+_SCAN_STEP = 0.5
+
+# Note [Group count]
+# A block walks its sequence's chunks one after another, so with few (sequence, head, V slice) blocks
+# most SMs idle (one 64K-token sequence with 12 heads: 24 blocks on 132 SMs). G > 1 groups split each
+# walk: pass 1 runs G - 1 groups on V + K rows (B_g and the transfer operator M_g), the scan composes
+# the start states, pass 2 runs G groups on V rows; each walks ceil(chunks / G) chunks. choose_groups
+# models the time as waves of resident blocks x chunk steps per wave and takes the cheapest G; G = 1 is
+# the plain walk. Rounding differs between group counts (M_g is applied in fp32, the walk rounds its
+# bf16 operands per chunk), so bit-reproducible checkpoints across differently cut prefills need a
+# fixed G: KDAGEN_FUSED_GROUPS=1 pins it.
 
 
 def variant_name(head_dim_k: int, head_dim_v: int, dtype: str = "bf16", chunk: int = CHUNK) -> str:
@@ -37,6 +55,47 @@ def load_fused(package_dir: Path, head_dim_k: int, head_dim_v: int, target: str,
             f"no generated fused (hip) source {src}: add `hip` to the backends of the K={head_dim_k}, "
             f"V={head_dim_v} variant in specs/kda_chunk_fwd.yaml (with target {target}) and run `nox -s generate`")
     return load_library(src, target, variant=f"{variant_name(head_dim_k, head_dim_v, dtype)}")
+
+
+def choose_groups(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
+                  blocks_per_sm: int) -> int:
+    """The group count of the recurrence walk; see Note [Group count]."""
+    if num_seqs <= 0 or total_chunks <= 0:
+        return 1
+    cap = max(sms * blocks_per_sm, 1)
+    per_seq = -(-total_chunks // num_seqs)
+    base = num_seqs * H * (V // v_slice)  # pass-2 blocks per group
+
+    def cost(g: int) -> float:
+        steps = -(-per_seq // g)
+        c = math.ceil(base * g / cap) * steps
+        if g > 1:
+            c += math.ceil(base * (V + K) / V * (g - 1) / cap) * steps + g * _SCAN_STEP
+        return c
+
+    cands = [1] + [g for g in (2, 3, 4, 6, 8, 12, 16, 24, MAX_GROUPS) if 2 * g <= per_seq]
+    return min(cands, key=lambda g: (cost(g), g))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _env_groups() -> int | None:
+    raw = os.environ.get(GROUPS_ENV, "").strip()
+    if not raw or raw == "auto":
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{GROUPS_ENV}={raw!r}: expected a positive integer (1 = the plain walk) or 'auto'")
+    return int(raw)
+
+
+def group_workspace_numel(groups: int, num_seqs: int, H: int, K: int, V: int) -> int:
+    """fp32 elements of the launcher's group workspace: operator rows, then start states."""
+    if groups <= 1:
+        return 0
+    return (groups - 1) * num_seqs * H * (V + K) * K + groups * num_seqs * H * V * K
 
 
 def _req(cond: bool, msg: str) -> None:
@@ -66,7 +125,7 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               state_indices: torch.Tensor | None = None, has_initial_state: torch.Tensor | None = None,
               checkpoint_state: torch.Tensor | None = None, checkpoint_offsets: torch.Tensor | None = None,
               checkpoint_state_indices: torch.Tensor | None = None,
-              use_qk_l2norm: bool = True) -> None:
+              use_qk_l2norm: bool = True, groups: int | None = None) -> None:
     """Prologue + recurrence on torch's current stream for packed [1, T, H, *] inputs.
 
     Writes `out` ([1, T, H, V], any token/head strides, dense last dim), `final_state` ([N, H, V, K]) when
@@ -75,9 +134,16 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     state is written, T = 0 ones too (initial state passthrough or zeros). No host sync: graph-capturable
     when the index tensors already have the kernels' dtypes (cu_seqlens/chunk_indices int32,
     chunk_offsets int64, state/checkpoint indices and offsets int32).
+
+    `groups`: the recurrence's group count (Note [Group count]); None = KDAGEN_FUSED_GROUPS or the
+    cost model's choice.
     """
     dev = q.device
     _req(dev.type == "cuda", f"tensors must be on a GPU, got {dev}")
+    dev_target = target_of(dev)
+    if dev_target != lib.target:
+        raise TargetMismatchError(f"{OP}: {lib.name} is built for {lib.target} but {dev} is {dev_target}; "
+                                  f"load the variant for {dev_target}")
     _req(q.dim() == 4 and q.shape[0] == 1, f"q must be packed [1, T, H, K], got {tuple(q.shape)}")
     _, T, H, K = q.shape
     V = v.shape[-1]
@@ -141,6 +207,14 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     u = torch.empty(T, H, V, dtype=torch.bfloat16, device=dev)
     aqk = torch.empty(T, H, CHUNK, dtype=torch.bfloat16, device=dev)
     decay = torch.empty(max(n_chunks, 1), H, K, dtype=torch.float32, device=dev)
+    if groups is None:
+        groups = _env_groups()
+    if groups is None:
+        groups = choose_groups(N, H, n_chunks, K, V, lib.v_slice, _sm_count(dev.index or 0),
+                               lib.recurrence_blocks_per_sm())
+    _req(isinstance(groups, int) and groups >= 1, f"groups must be a positive int, got {groups!r}")
+    gws = torch.empty(group_workspace_numel(groups, N, H, K, V), dtype=torch.float32, device=dev) \
+        if groups > 1 else None
     stream = torch.cuda.current_stream(dev).cuda_stream
 
     with torch.cuda.device(dev):
@@ -163,4 +237,4 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                 state_cache.shape[0] if state_cache is not None else 0, _ptr(idx), _ptr(flags),
                 _ptr(checkpoint_state), checkpoint_state.stride(0) if checkpoint_state is not None else 0,
                 checkpoint_state.shape[0] if checkpoint_state is not None else 0, _ptr(ck_off), _ptr(ck_idx),
-                N, H, float(scale), stream)
+                N, H, float(scale), groups, _ptr(gws), stream)

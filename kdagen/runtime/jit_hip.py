@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kdagen
+from kdagen.spec.targets import HIP_ABI
 
 from . import cache
 
@@ -181,7 +182,11 @@ _F32 = ctypes.c_float
 # extern "C" signatures of templates/hip/kda_chunk.hip.j2 (ABI = kdagen.spec.targets.HIP_ABI).
 PROLOGUE_ARGTYPES = [_P] * 15 + [_I64] * 10 + [_I64, _I32, _F32, _F32, _I32, _I32, _P]
 RECURRENCE_ARGTYPES = ([_P] * 7 + [_I64, _I64, _P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _P, _P, _I64,
-                                   _I64, _P, _P, _I64, _I32, _F32, _P])
+                                   _I64, _P, _P, _I64, _I32, _F32, _I32, _P, _P])
+
+
+class TargetMismatchError(RuntimeError):
+    """A library built for one target was asked to run on another (a stale or copied cache entry)."""
 
 
 class HipLibrary:
@@ -194,6 +199,18 @@ class HipLibrary:
         self._lib = ctypes.CDLL(str(path))
         lib = self._lib
         lib.kda_abi_version.restype = ctypes.c_int
+        self.abi = lib.kda_abi_version()
+        if self.abi != HIP_ABI:
+            raise RuntimeError(f"kdagen: {path} has launcher ABI {self.abi}, this kdagen expects {HIP_ABI}; "
+                               "regenerate (`nox -s generate`) so the source and kdagen agree")
+        lib.kda_target.restype = ctypes.c_char_p
+        built_for = lib.kda_target().decode()
+        if built_for != target:
+            raise TargetMismatchError(
+                f"kdagen: {path} was built for {built_for}, not {target}; refusing to launch it. Remove the "
+                f"cache entry ({Path(path).parent}) or set KDAGEN_TARGET to the device's real target")
+        lib.kda_v_slice.restype = ctypes.c_int
+        lib.kda_recurrence_blocks_per_sm.restype = ctypes.c_int
         lib.kda_error_string.restype = ctypes.c_char_p
         lib.kda_error_string.argtypes = [ctypes.c_int]
         lib.kda_prologue_smem_bytes.restype = ctypes.c_int
@@ -204,10 +221,20 @@ class HipLibrary:
         lib.kda_recurrence_launch.restype = ctypes.c_int
         for fn in ("kda_head_dim_k", "kda_head_dim_v", "kda_chunk_size"):
             getattr(lib, fn).restype = ctypes.c_int
-        self.abi = lib.kda_abi_version()
         self.head_dim_k = lib.kda_head_dim_k()
         self.head_dim_v = lib.kda_head_dim_v()
         self.chunk_size = lib.kda_chunk_size()
+        self.v_slice = lib.kda_v_slice()
+        self._blocks_per_sm: int | None = None
+
+    def recurrence_blocks_per_sm(self) -> int:
+        """Resident recurrence blocks per SM/CU (the runtime's occupancy query; needs the device)."""
+        if self._blocks_per_sm is None:
+            r = self._lib.kda_recurrence_blocks_per_sm()
+            if r < 0:
+                self.check(-r, "occupancy query")
+            self._blocks_per_sm = max(r, 1)
+        return self._blocks_per_sm
 
     def check(self, code: int, what: str) -> None:
         if code != 0:

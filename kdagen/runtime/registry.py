@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from .device import INTERPRETER
 from .errors import NoVariantError
+
+if TYPE_CHECKING:
+    from .jit_hip import HipLibrary
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
@@ -31,12 +36,29 @@ class VariantEntry:
     head_dim_v: int
     chunk_size: int
     targets: tuple[str, ...]
-    module: str  # importable module holding the kernels
+    # triton: the importable module holding the kernels; hip: the generated package whose hip/ folder
+    # holds the rendered sources (<name>__<target>.hip), built by fused_path.load_fused.
+    module: str
     spec: str  # "specs/kda_chunk_fwd.yaml:42", where to edit it
 
-    def load(self) -> ModuleType:
-        # Importing the generated module compiles nothing; Triton compiles on the first launch.
-        return importlib.import_module(self.module)
+    def load(self, target: str | None = None) -> ModuleType | HipLibrary:
+        """The kernels of this variant: the Triton module, or the fused library built for `target`.
+
+        Triton: importing the generated module compiles nothing; Triton compiles on the first launch.
+        hip: JIT build on first use per (source, target), then the on-disk cache (jit_hip.py); may raise
+        jit_hip.CompilerNotFoundError or jit_hip.HipCompileError.
+        """
+        if self.backend != "hip":
+            return importlib.import_module(self.module)
+        if target is None or target not in self.targets:
+            raise ValueError(f"{self.name} is a fused (hip) variant built per target; load it with one of its "
+                             f"targets {', '.join(self.targets)}, got target={target!r}")
+        # Imported here, not at module import: the registry is data; building is the dispatcher's business.
+        from . import fused_path
+
+        package = importlib.import_module(self.module)
+        return fused_path.load_fused(Path(package.__file__).parent, self.head_dim_k, self.head_dim_v, target,
+                                     self.dtype)
 
 
 def _describe(entries: tuple[VariantEntry, ...]) -> str:

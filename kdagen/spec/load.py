@@ -14,7 +14,7 @@ from typing import Any
 from kdagen.spec.errors import SpecError, format_error
 from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
 from kdagen.spec.targets import (
-    BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, MAX_HEAD_DIM, MAX_STAGES,
+    BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, HIP_THREADS, MAX_HEAD_DIM, MAX_STAGES,
     MIN_HEAD_DIM, SUB_CHUNK, TARGETS, WARPS, estimate_triton_smem, next_pow2,
 )
 from kdagen.spec.yaml_nodes import INVALID, Report, YList, YMap, join, parse_yaml
@@ -342,7 +342,7 @@ def _parse_variant(item: YMap, where: str, op: str | None, rel: str, file_tuning
     assert op and label and k and v and chunk and dtype and backends and targets
     out: list[VariantSpec] = []
     for backend in backends:
-        if backend == "hip" and not _check_hip(where, at("backends")[0], k, v, chunk, dtype, report):
+        if backend == "hip" and not _check_hip(where, at("backends")[0], k, v, chunk, dtype, targets, report):
             continue
         tuning: list[tuple[str, TritonTuning]] = []
         for target in targets:
@@ -359,7 +359,8 @@ def _parse_variant(item: YMap, where: str, op: str | None, rel: str, file_tuning
     return out
 
 
-def _check_hip(where: str, line: int, k: int, v: int, chunk: int, dtype: str, report: Report) -> bool:
+def _check_hip(where: str, line: int, k: int, v: int, chunk: int, dtype: str, targets: tuple[str, ...],
+               report: Report) -> bool:
     """What the fused HIP templates (templates/hip/) support; False (with errors reported) otherwise."""
     why = []
     if dtype not in HIP_DTYPES:
@@ -369,6 +370,12 @@ def _check_hip(where: str, line: int, k: int, v: int, chunk: int, dtype: str, re
     for name, dim in (("head_dim_k", k), ("head_dim_v", v)):
         if dim % HIP_COLUMN_TILE:
             why.append(f"{name} {dim} (must be a multiple of {HIP_COLUMN_TILE})")
+        for t in targets:  # the recurrence's V slices also tile the K transfer rows of the group scan
+            sl = TARGETS[t].hip_v_slice if t in TARGETS else 1
+            if dim % sl:
+                why.append(f"{name} {dim} on {t} (must be a multiple of its V slice, {sl})")
+    if HIP_THREADS % k:
+        why.append(f"head_dim_k {k} (must divide {HIP_THREADS}: the group scan maps threads to K columns)")
     for w in why:
         report(line, join(where, "backends"), f"the hip backend does not support {w}; drop hip from backends")
     return not why

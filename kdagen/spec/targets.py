@@ -22,23 +22,24 @@ class Target:
     matrix_units: str
     devices: str
     verified: str  # how this target is verified on the project's machines
+    hip_v_slice: int  # V rows per fused recurrence block (multiple of 16; bounded by the block's LDS)
 
 
 TARGETS: dict[str, Target] = {
     "gfx942": Target(
         name="gfx942", vendor="amd", triton_backend="hip", triton_arch="gfx942", warp_size=64,
         smem_per_block=64 * 1024, matrix_units="MFMA 16x16x16 bf16",
-        devices="MI300X, MI325X", verified="offline compile only (Triton AOT)",
+        devices="MI300X, MI325X", verified="offline compile only (Triton AOT)", hip_v_slice=32,
     ),
     "gfx950": Target(
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
         smem_per_block=160 * 1024, matrix_units="MFMA 16x16x32 bf16",
-        devices="MI350X, MI355X", verified="offline compile only (Triton AOT)",
+        devices="MI350X, MI355X", verified="offline compile only (Triton AOT)", hip_v_slice=64,
     ),
     "sm_90": Target(
         name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
         smem_per_block=227 * 1024, matrix_units="mma.sync / wgmma",
-        devices="H100, H200", verified="offline compile (Triton AOT) and run on an H200",
+        devices="H100, H200", verified="offline compile (Triton AOT) and run on an H200", hip_v_slice=64,
     ),
 }
 
@@ -46,13 +47,14 @@ BACKENDS: tuple[str, ...] = ("triton", "hip")
 
 # ---- the fused HIP backend (templates/hip/): what its kernels can do, per target facts above.
 # The prologue tiles the head dims by HIP_COLUMN_TILE columns, the recurrence gives each block
-# HIP_V_SLICE rows of V, and both kernels use HIP_THREADS threads (4 per chunk row).
+# Target.hip_v_slice rows of V (HIP_FMA_V_SLICE on the FMA fallback), and both kernels use HIP_THREADS
+# threads (4 per chunk row). A larger V slice re-reads the chunk's workspace fewer times (V / slice).
 HIP_DTYPES: tuple[str, ...] = ("bf16",)
 HIP_CHUNK_SIZE = 64
 HIP_COLUMN_TILE = 32
-HIP_V_SLICE = 16
+HIP_FMA_V_SLICE = 16
 HIP_THREADS = 256
-HIP_ABI = 1  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
+HIP_ABI = 2  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
 
 # dtype name -> (bytes per element, torch dtype attribute, triton dtype attribute)
 DTYPES: dict[str, tuple[int, str, str]] = {

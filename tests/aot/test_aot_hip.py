@@ -7,7 +7,8 @@ kdagen/spec/targets.py; on sm_90 the ptxas report (registers, spills) and the sh
 sizes within the budget. Prints one line per kernel. Skips with a reason when a compiler is missing.
 
 Each source is built twice: with its target's matrix layer (templates/hip/include/kda_mma.h; both
-kernels, prologue and recurrence, must then contain the matrix instruction: v_mfma_f32_16x16x16_bf16 on gfx942,
+kernels, prologue and recurrence, must then contain the matrix instruction (the group scan kernel is
+plain fp32 FMA by design, on every layer): v_mfma_f32_16x16x16_bf16 on gfx942,
 v_mfma_f32_16x16x32_bf16 on gfx950, mma.sync.aligned.m16n8k16.row.col.f32.bf16 in the sm_90 PTX and
 HMMA.16816.F32.BF16 in its SASS when a cuobjdump is found; per kernel in the PTX) and with -DKDA_MMA_LAYER=0 (the FMA fallback:
 no matrix instruction at all).
@@ -105,7 +106,9 @@ def test_amd_compile(src, layer, tmp_path, capsys):
     mfma = {name: len(re.findall(r"\bv_mfma\w*", body)) for name, body in bodies.items()}
     want = AMD_MFMA[target]
     for name, body in bodies.items():
-        if layer == "mma":  # both kernels: the prologue's Akk/Aqk and w/u, the recurrence's four products
+        if "group_scan" in name:  # fp32 on purpose: S_in[g] M_g + B_g composes states exactly in fp32
+            assert mfma[name] == 0, f"{name}: unexpected MFMA"
+        elif layer == "mma":  # the prologue's Akk/Aqk and w/u, the recurrence's four products
             assert want in body, f"{name}: no {want} on {target}"
         else:
             assert mfma[name] == 0, f"{name}: unexpected MFMA with layer {layer}"
@@ -113,7 +116,7 @@ def test_amd_compile(src, layer, tmp_path, capsys):
     budget = TARGETS[target].smem_per_block
     with capsys.disabled():
         for name, f in kernels.items():
-            short = "prologue" if "prologue" in name else "recurrence"
+            short = next(k for k in ("prologue", "recurrence", "group_scan") if k in name)
             print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target} {layer}: lds={f['group_segment_fixed_size']} "
                   f"vgpr={f.get('vgpr_count')} agpr={f.get('agpr_count')} scratch={f['private_segment_fixed_size']} "
                   f"vgpr_spill={f['vgpr_spill_count']} sgpr_spill={f['sgpr_spill_count']} "
@@ -146,9 +149,11 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     # Per entry: both kernels use the layer (prologue Akk/Aqk and w/u, recurrence), or neither does.
     entries = {m[1]: m[2] for m in re.finditer(r"\.entry\s+(\w+)\((.*?)(?=\.entry\s|\Z)", ptx_text, re.S)}
     ptx_per = {name: body.count(PTX_MMA) for name, body in entries.items()}
-    assert {("prologue" if "prologue" in n else "recurrence") for n in ptx_per} >= {"prologue", "recurrence"}, list(ptx_per)
+    assert {k for n in ptx_per for k in ("prologue", "recurrence", "group_scan") if k in n} \
+        == {"prologue", "recurrence", "group_scan"}, list(ptx_per)
     for name, cnt in ptx_per.items():
-        assert (cnt > 0) == (layer == "mma"), f"{name}: {cnt} x {PTX_MMA} in the PTX with layer {layer}"
+        want_mma = layer == "mma" and "group_scan" not in name  # the scan is fp32 FMA on every layer
+        assert (cnt > 0) == want_mma, f"{name}: {cnt} x {PTX_MMA} in the PTX with layer {layer}"
     sass_note = ""
     dump = _cuobjdump()
     if dump:
@@ -164,7 +169,7 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     assert len(blocks) >= 2, report
     with capsys.disabled():
         for name, stack, st, ld, regs in blocks:
-            short = "prologue" if "prologue" in name else "recurrence"
+            short = next(k for k in ("prologue", "recurrence", "group_scan") if k in name)
             print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target} {layer}: regs={regs} stack={stack} "
                   f"spill_stores={st} spill_loads={ld} "
                   f"ptx_mma={next((c for n, c in ptx_per.items() if n == name), '-')}"
@@ -173,4 +178,4 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
         assert int(st) == 0 and int(ld) == 0, f"{name}: spills on {target}"
     # Dynamic shared memory on CUDA: the launcher sets the attribute to sizeof(the Smem struct).
     structs = re.findall(r"struct (?:alignas\(\d+\) )?(\w+Smem) \{(.*?)\n\};", src.read_text(), re.S)
-    assert {s for s, _ in structs} == {"PrologueSmem", "RecurrenceSmem"}
+    assert {s for s, _ in structs} == {"PrologueSmem", "RecurrenceSmem", "ScanSmem"}

@@ -47,7 +47,8 @@ def _args(**kw):
     return make_inputs([9, 3], 2, e.head_dim_k, e.head_dim_v, torch.bfloat16, "cpu", **kw)
 
 
-def test_no_fused_variant_is_generated_yet():
+def test_no_fused_path_without_a_gpu():
+    # CPU tests run in the interpreter or without CUDA: the fused path never serves them.
     assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
     assert not kdagen_kernels.can_use_fused_kda_chunk(96, 96, torch.float32, 48)
 

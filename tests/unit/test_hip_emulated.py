@@ -47,7 +47,8 @@ class RecurrenceArgs(ctypes.Structure):
     _fields_ = [(n, P) for n in ("qg", "w", "kg", "u", "aqk", "decay", "out")] + [("so_t", I64), ("so_h", I64)] + \
                [("cu", P), ("co", P), ("h0", P), ("sh0_n", I64), ("ht", P), ("sht_n", I64), ("cache", P),
                 ("sc_n", I64), ("n_slots", I64), ("cache_idx", P), ("has_init", P), ("ckpt", P), ("sck_n", I64),
-                ("n_ck", I64), ("ck_off", P), ("ck_idx", P), ("H", I32), ("scale", F32)]
+                ("n_ck", I64), ("ck_off", P), ("ck_idx", P), ("num_seqs", I64), ("H", I32), ("scale", F32),
+                ("groups", I32), ("pass_", I32), ("gop", P), ("gin", P)]
 
 
 # layer id -> (KDA_MMA_LAYER, target whose generated source is built)
@@ -81,7 +82,13 @@ def _bits(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-def run(emu, x, *, lower_bound, h0=None, ckpt=None, ck_off=None):
+def group_workspace(groups: int, N: int, H: int, K: int, V: int) -> torch.Tensor:
+    """The launcher's group workspace: (G - 1) N H (V + K) K operator rows, then G N H V K start states."""
+    return torch.full(((groups - 1) * N * H * (V + K) * K + groups * N * H * V * K,), float("nan"))
+
+
+def run(emu, x, *, lower_bound, h0=None, ckpt=None, ck_off=None, groups=1, cache=None, cache_idx=None,
+        has_init=None):
     lib, K, V = emu
     q, k, v, g, b = x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"]
     T, H = q.shape[1], q.shape[2]
@@ -99,14 +106,20 @@ def run(emu, x, *, lower_bound, h0=None, ckpt=None, ck_off=None):
                       lower_bound if lower_bound is not None else 0.0, int(lower_bound is not None), 1)
     lib.emu_prologue(ctypes.byref(pa), ci.shape[0])
     out = torch.full((1, T, H, V), float("nan"), dtype=bf)
-    ht = torch.full((N, H, V, K), float("nan"))
+    ht = torch.full((N, H, V, K), float("nan")) if cache is None else None
+    gws = group_workspace(groups, N, H, K, V) if groups > 1 else None
+    flags = has_init.to(torch.uint8).contiguous() if has_init is not None else None
+    idx = cache_idx.to(torch.int32).contiguous() if cache_idx is not None else None
     ra = RecurrenceArgs(*(ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")), decay.data_ptr(), out.data_ptr(),
                         out.stride(1), out.stride(2), cu.data_ptr(), co.data_ptr(),
                         h0.data_ptr() if h0 is not None else None, h0.stride(0) if h0 is not None else 0,
-                        ht.data_ptr(), ht.stride(0), None, 0, 0, None, None,
+                        ht.data_ptr() if ht is not None else None, ht.stride(0) if ht is not None else 0,
+                        cache.data_ptr() if cache is not None else None, cache.stride(0) if cache is not None else 0,
+                        cache.shape[0] if cache is not None else 0, idx.data_ptr() if idx is not None else None,
+                        flags.data_ptr() if flags is not None else None,
                         ckpt.data_ptr() if ckpt is not None else None, ckpt.stride(0) if ckpt is not None else 0,
                         ckpt.shape[0] if ckpt is not None else 0, ck_off.data_ptr() if ck_off is not None else None,
-                        None, H, K ** -0.5)
+                        None, N, H, K ** -0.5, groups, 0, gws.data_ptr() if gws is not None else None, None)
     lib.emu_recurrence(ctypes.byref(ra), N)
     return out, ht
 
@@ -147,6 +160,50 @@ def test_checkpoint_is_bit_identical_to_a_truncated_prefill(emu):
     assert torch.equal(ck[0], ht[0])
     assert bool(torch.isnan(ck[1]).all())  # offset 100 is not chunk-aligned: nothing written
     assert torch.equal(o[:, :128], run(emu, xt, lower_bound=-5.0)[0])
+
+
+@pytest.mark.parametrize("groups", [2, 4], ids=lambda g: f"G{g}")
+def test_group_scan_matches_one_pass(emu, groups):
+    """Pass 1 (B_g and the transfer rows' M_g), the fp32 scan and pass 2 against the one-pass walk: the
+    same walk up to rounding. Sequence 0 has 4 chunks, 1 has 0 (every group empty: identity operators,
+    its h0 passes through exactly), 2 has 2 (G = 4: two empty trailing groups)."""
+    _, K, V = emu
+    x = make([250, 0, 70], 1, K, V, seed=11)
+    # Slow gates (about -0.01 per token): the state carries across groups, so M_g matters.
+    x["raw_g"] = (x["raw_g"].float() - 6.0).bfloat16()
+    h0 = torch.randn(3, 1, V, K, generator=torch.Generator().manual_seed(2)) * 0.1
+    ck_off = torch.tensor([128, 0, 64], dtype=torch.int32)
+    ck1, ckg = (torch.full((3, 1, V, K), float("nan")) for _ in range(2))
+    o1, h1 = run(emu, x, lower_bound=-5.0, h0=h0, ckpt=ck1, ck_off=ck_off)
+    og, hg = run(emu, x, lower_bound=-5.0, h0=h0, ckpt=ckg, ck_off=ck_off, groups=groups)
+    eo, es, ec = rel_l2(og, o1), rel_l2(hg, h1), rel_l2(ckg[0], ck1[0])
+    print(f"[emulated G={groups}] vs one pass: o {eo:.3e} state {es:.3e} checkpoint {ec:.3e}")
+    assert eo < 5e-3 and es < 5e-3 and ec < 5e-3, (eo, es, ec)
+    assert torch.equal(hg[1], h0[1])
+    assert bool(torch.isnan(ckg[1]).all()) and rel_l2(ckg[2], ck1[2]) < 5e-3
+
+
+@pytest.mark.parametrize("groups", [1, 3], ids=lambda g: f"G{g}")
+def test_state_cache_in_place(emu, groups):
+    """Rows named by cache_idx are read (has_init) and written; has_init False rows are never read (NaN
+    there stays harmless), a negative index is skipped, other rows are untouched bit for bit."""
+    _, K, V = emu
+    x = make([130, 70, 64], 1, K, V, seed=13)
+    gen = torch.Generator().manual_seed(4)
+    cache = torch.randn(5, 1, V, K, generator=gen) * 0.1
+    cache[3] = float("nan")  # row of a sequence with has_init False
+    before = cache.clone()
+    idx = torch.tensor([1, 3, -1], dtype=torch.int32)
+    flags = torch.tensor([True, False, True])
+    o, _ = run(emu, x, lower_bound=-5.0, cache=cache, cache_idx=idx, has_init=flags, groups=groups)
+    h0 = torch.stack([before[1], torch.zeros_like(before[1]), torch.zeros_like(before[1])])
+    ro, rf = chunk_kda_prefill_reference(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"],
+                                         initial_state=h0, output_final_state=True, lower_bound=-5.0,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu_seqlens"])
+    assert rel_l2(o[:, :200], ro[:, :200]) < 1e-2
+    assert rel_l2(cache[1], rf[0]) < 1e-2 and rel_l2(cache[3], rf[1]) < 1e-2
+    for row in (0, 2, 4):
+        assert torch.equal(cache[row], before[row])
 
 
 @pytest.mark.parametrize("layer", [layer for layer in LAYERS if layer != "fma"])

@@ -157,8 +157,9 @@ def test_checkpoint_state_indices_without_offsets_is_refused():
 
 @pytest.fixture
 def fused(monkeypatch):
-    """Pretend a fused variant serves this call, so the checkpoint arguments reach their checks."""
-    monkeypatch.setattr(dispatch, "can_use_fused", lambda *a, **k: True)
+    """Pretend the tensors sit on an sm_90 GPU, so the registered fused variant serves this call and the
+    checkpoint arguments reach their checks (every case here is refused before anything is built)."""
+    monkeypatch.setattr(dispatch, "fused_target", lambda device: "sm_90")
 
 
 def _ck_state(rows=N, dtype=torch.float32):

@@ -21,6 +21,8 @@ typedef cudaError_t kdaError_t;
 #define kdaSuccess cudaSuccess
 #define kdaGetLastError cudaGetLastError
 #define kdaGetErrorString cudaGetErrorString
+#define kdaErrorInvalidValue cudaErrorInvalidValue
+#define kdaOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define KDA_DYNAMIC_SMEM 1
 #define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 __device__ __forceinline__ float kda_exp2(float x) { return exp2f(x); }
@@ -67,6 +69,8 @@ typedef hipError_t kdaError_t;
 #define kdaSuccess hipSuccess
 #define kdaGetLastError hipGetLastError
 #define kdaGetErrorString hipGetErrorString
+#define kdaErrorInvalidValue hipErrorInvalidValue
+#define kdaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 #endif
 #define KDA_WARP 64

@@ -67,22 +67,24 @@ inline kda_bf16 kda_f32_to_bf16(float f) {
 inline float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 inline float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }
 
-// Run `body` as a grid of (gx, gy) blocks of `threads` threads, block after block.
-inline void kda_emu_launch(unsigned gx, unsigned gy, unsigned threads, const std::function<void()>& body) {
-  for (unsigned by = 0; by < gy; ++by)
-    for (unsigned bx = 0; bx < gx; ++bx) {
-      blockIdx.x = bx; blockIdx.y = by;
-      std::barrier<> bar((std::ptrdiff_t)threads);
-      kda_emu_barrier = &bar;
-      std::vector<std::unique_ptr<std::barrier<>>> waves;
-      for (unsigned w = 0; w < (threads + KDA_WARP - 1) / KDA_WARP; ++w)
-        waves.push_back(std::make_unique<std::barrier<>>((std::ptrdiff_t)(threads - w * KDA_WARP < KDA_WARP ? threads - w * KDA_WARP : KDA_WARP)));
-      kda_emu_wave_barriers = &waves;
-      std::vector<std::thread> ts;
-      for (unsigned t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] { threadIdx.x = t; body(); });
-      for (auto& t : ts) t.join();
-    }
+// Run `body` as a grid of (gx, gy, gz) blocks of `threads` threads, block after block.
+inline void kda_emu_launch(unsigned gx, unsigned gy, unsigned threads, const std::function<void()>& body,
+                           unsigned gz = 1) {
+  for (unsigned bz = 0; bz < gz; ++bz)
+    for (unsigned by = 0; by < gy; ++by)
+      for (unsigned bx = 0; bx < gx; ++bx) {
+        blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz;
+        std::barrier<> bar((std::ptrdiff_t)threads);
+        kda_emu_barrier = &bar;
+        std::vector<std::unique_ptr<std::barrier<>>> waves;
+        for (unsigned w = 0; w < (threads + KDA_WARP - 1) / KDA_WARP; ++w)
+          waves.push_back(std::make_unique<std::barrier<>>((std::ptrdiff_t)(threads - w * KDA_WARP < KDA_WARP ? threads - w * KDA_WARP : KDA_WARP)));
+        kda_emu_wave_barriers = &waves;
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < threads; ++t)
+          ts.emplace_back([&, t] { threadIdx.x = t; body(); });
+        for (auto& t : ts) t.join();
+      }
 }
 
 // ---------------------------------------------------------------------------- wave-level instruction models

@@ -1,0 +1,356 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The fused HIP path on a real GPU, through the public `kdagen_kernels.chunk_kda_prefill(...,
+use_fused_chunk=True)`: numerics against the float64 reference and the Triton path, T = 0 sequences,
+the state cache in place, checkpoints, strided `out` / projections, the group scan's group counts
+(fused_path.run_fused directly) and CUDA graph capture. Tolerances: tests/kda_cases.py.
+
+Skips without CUDA, on a device target no hip variant declares, and without the compiler the target
+needs (the public call would then run the Triton path with a warning, which proves nothing here).
+Every public fused call asserts that fused_path.run_fused really ran.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no GPU", allow_module_level=True)
+
+import kdagen_kernels
+from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+from kdagen.runtime import dispatch, fused_path, jit_hip
+from kdagen.runtime.device import target_of
+from tests.kda_cases import TOL, check, cu_of, make_inputs, poisoned_out
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+NAN = float("nan")
+H = 12
+PKG = Path(kdagen_kernels.__file__).resolve().parent
+TARGET = target_of(torch.device("cuda", torch.cuda.current_device()))
+TOKEN_ARGS = ("q", "k", "v", "raw_g", "raw_beta")
+TOL_TRITON = 2e-2  # fused vs Triton (tools/h200_fused_check.py): both carry bf16 rounding
+SEQLENS = [[1], [64], [1024], [4096], [513, 64, 1, 1200], [512] * 6]
+HAS_GROUPS = "groups" in inspect.signature(fused_path.run_fused).parameters
+
+if not any(e.backend == "hip" and TARGET in e.targets for e in kdagen_kernels.VARIANTS):
+    pytest.skip(f"no generated hip variant declares this device's target {TARGET}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def libs():
+    """The two fused libraries, built (or taken from the cache) once; skip without the compiler."""
+    try:
+        return {(K, V): fused_path.load_fused(PKG, K, V, TARGET) for K, V in ((128, 128), (128, 256))}
+    except jit_hip.CompilerNotFoundError as exc:
+        pytest.skip(f"no compiler for the fused path: {exc}")
+
+
+@pytest.fixture(autouse=True)
+def fused_runs(libs, monkeypatch):
+    """Counts fused_path.run_fused calls made by the dispatcher (and requires the libraries)."""
+    calls: list[int] = []
+    real = fused_path.run_fused
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(fused_path, "run_fused", spy)
+    return calls
+
+
+def _fused(fused_runs, args, **kw):
+    """The public call with use_fused_chunk=True; asserts the fused path ran."""
+    before = len(fused_runs)
+    o, s = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, **kw)
+    torch.cuda.synchronize()
+    assert len(fused_runs) == before + 1, "use_fused_chunk=True did not run the fused path"
+    return o, s
+
+
+def _triton(args, **kw):
+    o, s = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=False, **kw)
+    torch.cuda.synchronize()
+    return o, s
+
+
+def _direct(lib, args, *, groups: int | None = None, final: bool = True, out=None, **extra):
+    """fused_path.run_fused on make_inputs-style args (packed); returns (out, final_state)."""
+    _, _, h, K = args["q"].shape
+    V = args["v"].shape[-1]
+    cu = args["cu_seqlens"]
+    N = cu.numel() - 1
+    ci = kdagen_kernels.prepare_chunk_indices(cu, 64).to(torch.int32).contiguous()
+    co = kdagen_kernels.prepare_chunk_offsets(cu, 64).to(torch.int64)
+    o = out if out is not None else poisoned_out(args["v"])
+    fs = torch.full((N, h, V, K), NAN, device=DEV) if final else None
+    kw = {"groups": groups} if groups is not None else {}
+    fused_path.run_fused(lib, q=args["q"], k=args["k"], v=args["v"], raw_g=args["raw_g"],
+                         raw_beta=args["raw_beta"], A_log=args["A_log"], g_bias=args["g_bias"], scale=K ** -0.5,
+                         lower_bound=args["lower_bound"], cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
+                         out=o, initial_state=args.get("initial_state"), final_state=fs, use_qk_l2norm=True,
+                         **kw, **extra)
+    torch.cuda.synchronize()
+    return o, fs
+
+
+def _truncated(args, offs: list[int], keep: list[int]) -> dict:
+    """args for the prefill of sequences `keep`, each cut after offs[n] tokens (same initial states)."""
+    cu = args["cu_seqlens"].tolist()
+    sel = torch.cat([torch.arange(cu[n], cu[n] + offs[n]) for n in keep]).to(DEV)
+    t = {name: (x[:, sel] if name in TOKEN_ARGS else x) for name, x in args.items()}
+    t["cu_seqlens"] = cu_of([offs[n] for n in keep], DEV)
+    t["initial_state"] = args["initial_state"][keep].contiguous()
+    return t
+
+
+def _ids(lens):
+    return "x".join(map(str, lens[:4])) + ("..." if len(lens) > 4 else "")
+
+
+# ---- numerics ------------------------------------------------------------------------------------
+
+def test_can_use_fused_on_this_device():
+    assert kdagen_kernels.can_use_fused_kda_chunk(128, 128, BF16, 64)
+    assert kdagen_kernels.can_use_fused_kda_chunk(128, 256, BF16, 64)
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.float16, 64)
+
+
+@pytest.mark.parametrize("K,V,lens", [(128, 128, L) for L in SEQLENS] + [(128, 256, [513, 64, 1, 200])],
+                         ids=[_ids(L) for L in SEQLENS] + ["v256"])
+def test_fused_matches_reference_and_triton(fused_runs, K, V, lens):
+    args = make_inputs(lens, H, K, V, BF16, DEV, seed=100 + len(lens) + sum(lens))
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    o, s = _fused(fused_runs, args, out=poisoned_out(args["v"]))
+    eo = check("fused output", o, ref_o, TOL[("gpu", "o")])
+    es = check("fused final state", s, ref_s, TOL[("gpu", "state")])
+    to, ts = _triton(args, out=poisoned_out(args["v"]))
+    assert rel_l2(o, to) <= TOL_TRITON and rel_l2(s, ts) <= TOL_TRITON, \
+        f"fused vs Triton: output {rel_l2(o, to):.2e}, state {rel_l2(s, ts):.2e}"
+    print(f"\n  fused K={K} V={V} {lens[:4]}: rel L2 output {eo:.2e}, state {es:.2e}", end="")
+
+
+def test_zero_length_sequences_in_a_ragged_batch(fused_runs):
+    args = make_inputs([100, 0, 70, 0, 1], H, 128, 128, BF16, DEV, seed=31)
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    o, s = _fused(fused_runs, args, out=poisoned_out(args["v"]))
+    check("output", o, ref_o, TOL[("gpu", "o")])
+    check("final state", s, ref_s, TOL[("gpu", "state")])
+    for n in (1, 3):  # a T = 0 sequence passes its initial state through unchanged
+        assert torch.equal(s[n], args["initial_state"][n])
+    _, s0 = _fused(fused_runs, dict(args, initial_state=None), out=poisoned_out(args["v"]))
+    assert torch.count_nonzero(s0[1]) == 0 and torch.count_nonzero(s0[3]) == 0
+
+
+def test_softplus_gate_runs_triton(fused_runs):
+    args = make_inputs([300, 70], H, 128, 128, BF16, DEV, lower_bound=None, seed=32)
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    o, s = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=poisoned_out(args["v"]))
+    torch.cuda.synchronize()
+    assert fused_runs == [], "the softplus gate (no lower_bound) must run the Triton path"
+    check("output", o, ref_o, TOL[("gpu", "o")])
+    check("final state", s, ref_s, TOL[("gpu", "state")])
+    with pytest.raises(NotImplementedError, match="no lower_bound"):
+        kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, checkpoint_state=torch.zeros(2, H, 128, 128,
+                                         device=DEV), checkpoint_offsets=torch.zeros(2, dtype=torch.int32, device=DEV))
+
+
+def test_adversarial_regime(fused_runs):
+    # Near-duplicate keys, real K3 gate biases in [-7.8, -1.4], beta near 0.95 (raw_beta ~ logit 0.95), T = 1088.
+    args = make_inputs([1088], H, 128, 128, BF16, DEV, adversarial=True, seed=5)
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    o, s = _fused(fused_runs, args, out=poisoned_out(args["v"]))
+    eo = check("adversarial output", o, ref_o, TOL[("gpu", "adversarial")])
+    es = check("adversarial final state", s, ref_s, TOL[("gpu", "adversarial")])
+    print(f"\n  fused adversarial: rel L2 output {eo:.2e}, state {es:.2e}", end="")
+
+
+# ---- state cache ---------------------------------------------------------------------------------
+
+def test_state_cache_in_place(fused_runs):
+    lens = [300, 0, 1, 130, 65]
+    args = make_inputs(lens, H, 128, 128, BF16, DEV, h0=False, seed=33)
+    slots = 9
+    cache = 0.1 * torch.randn(slots, H, 128, 128, device=DEV)
+    rows = torch.tensor([7, 0, 3, -1, 5], dtype=torch.int32, device=DEV)  # -1: vLLM's pad slot, skipped
+    flags = torch.tensor([True, False, True, True, False], device=DEV)
+    cache[0] = NAN  # flag False: never read
+    cache[5] = NAN
+    before = cache.clone()
+    # The reference: rows read where the flag is set and the index is valid; the rest start from zero.
+    h0 = torch.zeros(len(lens), H, 128, 128, device=DEV)
+    h0[0], h0[2] = before[7], before[3]
+    ref_o, ref_s = chunk_kda_prefill_reference(**args, initial_state=h0, output_final_state=True)
+    o, s = _fused(fused_runs, args, out=poisoned_out(args["v"]), state_cache=cache, state_indices=rows,
+                  has_initial_state=flags)
+    assert s is None
+    check("state-cache output", o, ref_o, TOL[("gpu", "o")])
+    for n, r in ((0, 7), (1, 0), (2, 3), (4, 5)):  # row 0: T = 0 and no initial state, so zeros are written
+        check(f"cache row {r}", cache[r], ref_s[n], TOL[("gpu", "state")])
+    assert torch.count_nonzero(cache[0]) == 0
+    for r in (1, 2, 4, 6, 8):
+        assert torch.equal(cache[r], before[r]), f"cache row {r} (not in state_indices) changed"
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+
+def test_checkpoints_bit_identical_to_a_truncated_prefill(libs):
+    # run_fused directly with groups=1 for both runs: the automatic group count may differ between the
+    # full and the truncated prefill, and only one order of operations is bit-comparable.
+    g1 = 1 if HAS_GROUPS else None
+    lib = libs[(128, 128)]
+    lens = [300, 200, 65, 128, 90, 150]
+    offs = [128, 192, 64, 128, 100, 64]  # n=3: not below T; n=4: not a chunk multiple; both write nothing
+    rows = [6, 0, 3, 1, 2, -1]  # n=5: -1, skipped
+    args = make_inputs(lens, H, 128, 128, BF16, DEV, seed=34)
+    ck = torch.full((8, H, 128, 128), NAN, device=DEV)
+    o_ck, f_ck = _direct(lib, args, groups=g1, checkpoint_state=ck,
+                         checkpoint_offsets=torch.tensor(offs, dtype=torch.int32, device=DEV),
+                         checkpoint_state_indices=torch.tensor(rows, dtype=torch.int32, device=DEV))
+    o_plain, f_plain = _direct(lib, args, groups=g1)
+    assert torch.equal(o_ck, o_plain) and torch.equal(f_ck, f_plain), "exporting checkpoints changed the results"
+    valid = [0, 1, 2]
+    _, f_cut = _direct(lib, _truncated(args, offs, valid), groups=g1)
+    for j, n in enumerate(valid):
+        assert torch.equal(ck[rows[n]], f_cut[j]), \
+            f"checkpoint of sequence {n} (row {rows[n]}): max diff {(ck[rows[n]] - f_cut[j]).abs().max().item():.3e}"
+    assert bool(torch.isnan(ck[[1, 2, 4, 5, 7]]).all()), "a checkpoint row that should stay untouched was written"
+
+
+def test_checkpoints_through_the_public_call(fused_runs, monkeypatch):
+    # One group in both calls, so the snapshot and the truncated prefill round alike: bit-identical.
+    monkeypatch.setenv(fused_path.GROUPS_ENV, "1")
+    lens = [300, 200, 65, 150]
+    offs = [128, 192, 64, 64]
+    rows = [3, 0, 5, -1]  # -1: skipped
+    args = make_inputs(lens, H, 128, 128, BF16, DEV, seed=35)
+    ck = torch.full((6, H, 128, 128), NAN, device=DEV)
+    o, s = _fused(fused_runs, args, out=poisoned_out(args["v"]), checkpoint_state=ck,
+                  checkpoint_offsets=torch.tensor(offs, dtype=torch.int32, device=DEV),
+                  checkpoint_state_indices=torch.tensor(rows, dtype=torch.int32, device=DEV))
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    check("output with checkpoints", o, ref_o, TOL[("gpu", "o")])
+    check("final state with checkpoints", s, ref_s, TOL[("gpu", "state")])
+    valid = [0, 1, 2]
+    _, s_cut = _fused(fused_runs, _truncated(args, offs, valid))
+    for j, n in enumerate(valid):
+        assert torch.equal(ck[rows[n]], s_cut[j]), \
+            f"checkpoint of sequence {n} (row {rows[n]}) vs the truncated prefill: {rel_l2(ck[rows[n]], s_cut[j]):.2e}"
+    assert bool(torch.isnan(ck[[1, 2, 4]]).all()), "a checkpoint row no sequence names was written"
+
+
+def test_misaligned_checkpoint_offsets_are_refused(fused_runs, monkeypatch):
+    monkeypatch.setenv("KDAGEN_DEBUG", "1")  # the offsets' values are checked on the GPU only in debug mode
+    args = make_inputs([300, 90], H, 128, 128, BF16, DEV, seed=36)
+    out = torch.full_like(args["v"], 7.0)
+    ck = torch.full((2, H, 128, 128), 3.0, device=DEV)
+    with pytest.raises(ValueError, match=re.escape("checkpoint_offsets[0] must be 0 (no checkpoint) or a positive "
+                                                   "multiple of 64 below the sequence's length 300, got 100")):
+        kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True, checkpoint_state=ck,
+                                         checkpoint_offsets=torch.tensor([100, 0], dtype=torch.int32, device=DEV))
+    torch.cuda.synchronize()
+    assert fused_runs == [] and bool((out == 7.0).all()) and bool((ck == 3.0).all())
+
+
+# ---- output and projections ----------------------------------------------------------------------
+
+def test_out_as_a_strided_view_of_a_larger_buffer(fused_runs):
+    args = make_inputs([300, 5, 77], H, 128, 128, BF16, DEV, seed=37)
+    T = args["q"].shape[1]
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    big = torch.full((1, T, H, 160), NAN, dtype=BF16, device=DEV)
+    out = big[..., 16:144]
+    o, s = _fused(fused_runs, args, out=out)
+    assert o.data_ptr() == out.data_ptr()
+    check("strided out", o, ref_o, TOL[("gpu", "o")])
+    check("final state", s, ref_s, TOL[("gpu", "state")])
+    assert torch.isnan(big[..., :16]).all() and torch.isnan(big[..., 144:]).all(), "wrote outside the out view"
+    o_dense, _ = _fused(fused_runs, args, out=poisoned_out(args["v"]))
+    assert torch.equal(o, o_dense)
+
+
+def test_out_none_writes_into_a_contiguous_v(fused_runs):
+    args = make_inputs([300, 77], H, 128, 128, BF16, DEV, seed=38)
+    o_given, s_given = _fused(fused_runs, args, out=poisoned_out(args["v"]))  # v intact
+    v = args["v"]
+    o, s = _fused(fused_runs, args)  # as the seed: the result lands in v (v is dead after the prologue)
+    assert o.data_ptr() == v.data_ptr()
+    assert torch.equal(o, o_given) and torch.equal(s, s_given)
+
+
+def test_strided_projections(fused_runs):
+    # raw_g and raw_beta as views of one wide projection [1, T, H*K + H + 5] (built on the device: a
+    # strided CPU view moved with .to() arrives contiguous), then raw_beta with a non-unit last stride.
+    args = make_inputs([300, 5, 77], H, 128, 128, BF16, DEV, seed=39)
+    T, K = args["q"].shape[1], 128
+    proj = torch.randn(1, T, H * K + H + 5, device=DEV).to(BF16)
+    proj[..., :H * K] = args["raw_g"].flatten(-2)
+    proj[..., H * K:H * K + H] = args["raw_beta"]
+    views = dict(args, raw_g=proj[..., :H * K].unflatten(-1, (H, K)), raw_beta=proj[..., H * K:H * K + H])
+    assert not views["raw_g"].is_contiguous() and not views["raw_beta"].is_contiguous()
+    wide = torch.randn(1, T, 3 * H, device=DEV).to(BF16)
+    wide[..., 1::3] = args["raw_beta"]
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    o_dense, s_dense = _fused(fused_runs, args, out=poisoned_out(args["v"]))
+    o, s = _fused(fused_runs, views, out=poisoned_out(args["v"]))
+    check("strided projections output", o, ref_o, TOL[("gpu", "o")])
+    check("strided projections state", s, ref_s, TOL[("gpu", "state")])
+    o_beta, s_beta = _fused(fused_runs, dict(args, raw_beta=wide[..., 1::3]), out=poisoned_out(args["v"]))
+    assert torch.equal(o, o_dense) and torch.equal(s, s_dense)
+    assert torch.equal(o_beta, o_dense) and torch.equal(s_beta, s_dense)
+
+
+# ---- group scan ----------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not HAS_GROUPS, reason="fused_path.run_fused has no `groups` keyword (no group scan)")
+def test_group_counts_match_one_group(libs):
+    lens = [1024, 513, 64, 1]  # 16 + 9 + 1 + 1 = 27 chunks
+    args = make_inputs(lens, H, 128, 128, BF16, DEV, seed=40)
+    lib = libs[(128, 128)]
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    o1, s1 = _direct(lib, args, groups=1)
+    for g in (2, 4, 8, 32):  # 32: more groups than chunks (27 in all, 16 in the longest sequence)
+        og, sg = _direct(lib, args, groups=g)
+        # The group operators round differently from the one-pass walk (measured ~1e-3 of the state), so
+        # the bound is a few bf16 roundings, and each run must still meet the reference tolerance.
+        eo, es = rel_l2(og, o1), rel_l2(sg, s1)
+        assert eo <= 5e-3 and es <= 5e-3, f"groups={g} vs groups=1: output {eo:.2e}, final state {es:.2e}"
+        check(f"output, groups={g}", og, ref_o, TOL[("gpu", "o")])
+        check(f"final state, groups={g}", sg, ref_s, TOL[("gpu", "state")])
+
+
+# ---- CUDA graphs ---------------------------------------------------------------------------------
+
+def test_graph_capture_equals_eager(fused_runs):
+    args = make_inputs([513, 64, 1, 1200], H, 128, 128, BF16, DEV, seed=41)
+    ci, co = kdagen_kernels.prepare_chunk_metadata_device(args["cu_seqlens"], args["cu_seqlens"].cpu(), 64)
+    meta = {"chunk_indices": ci, "chunk_offsets": co}
+    o_eager, s_eager = _fused(fused_runs, args, out=poisoned_out(args["v"]), **meta)
+    out = torch.empty_like(o_eager)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside the capture
+        kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=out, **meta)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, s_graph = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=out, **meta)
+    out.fill_(NAN)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(fused_runs) == 3, "the captured call did not take the fused path"
+    assert torch.equal(out, o_eager) and torch.equal(s_graph, s_eager)
+
+
+def test_dispatch_picks_the_fused_variant_for_this_device():
+    d = dispatch.decide_fused(kdagen_kernels.VARIANTS, use_fused_chunk=True, use_qk_l2norm_in_kernel=True,
+                              cu_seqlens_given=True, lower_bound_given=True, g_bias_given=True, head_dim_k=128,
+                              head_dim_v=128, dtype=BF16, target=dispatch.fused_target(torch.device(DEV)))
+    assert d.entry is not None and d.entry.backend == "hip" and d.target == TARGET, d.why_not

@@ -1,0 +1,395 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Dispatch to the fused HIP path, on the CPU with fakes: which path a call takes, what the fused launch
+receives, and what happens without the compiler or with a compile error.
+
+The decision itself is a pure function (dispatch.decide_fused) tested directly. Calls through
+chunk_kda_prefill pretend the tensors sit on an sm_90 GPU (dispatch.fused_target is patched) and replace
+fused_path.load_fused / run_fused with recorders, so no GPU, compiler or kernel is involved, except the
+no-compiler fallback, which really runs the Triton path in the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import kdagen_kernels
+from kdagen.runtime import dispatch, fused_path, jit_hip
+from kdagen.runtime.registry import VariantEntry
+from tests.kda_cases import make_inputs
+
+KIMI = next(e for e in kdagen_kernels.VARIANTS if e.backend == "hip" and (e.head_dim_k, e.head_dim_v) == (128, 128))
+PACKAGE_DIR = Path(kdagen_kernels.__file__).resolve().parent
+H = 2
+NEEDS_INTERPRETER = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="runs the Triton path: set TRITON_INTERPRET=1")
+NO_NVCC = ("kdagen's fused path for sm_90 needs nvcc (the CUDA compiler) and none was found: set "
+           "KDAGEN_NVCC=/path/to/nvcc")
+
+
+def _hip_entry(K: int = 128, V: int = 128, *, dtype: str = "bf16", chunk: int = 64,
+               targets: tuple[str, ...] = ("sm_90",)) -> VariantEntry:
+    return VariantEntry(name=f"fake__hip__{dtype}__k{K}_v{V}_c{chunk}", op="kda_chunk_fwd", backend="hip",
+                        dtype=dtype, head_dim_k=K, head_dim_v=V, chunk_size=chunk, targets=targets,
+                        module="kdagen_kernels", spec="specs/fake.yaml:1")
+
+
+# A registry whose fused variant is small (K = V = 64), so the fallback's Triton run is quick.
+SMALL_TRITON = next(e for e in kdagen_kernels.VARIANTS
+                    if e.backend == "triton" and (e.dtype, e.head_dim_k, e.head_dim_v) == ("bf16", 64, 64))
+SMALL_REGISTRY = (SMALL_TRITON, _hip_entry(64, 64))
+
+
+class Recorder:
+    """Fake fused_path.load_fused / run_fused: records calls; run_fused writes marker values."""
+
+    def __init__(self, load_error: Exception | None = None):
+        self.load_error = load_error
+        self.loads: list[tuple] = []
+        self.runs: list[dict] = []
+        self.lib = object()
+
+    def load_fused(self, package_dir, head_dim_k, head_dim_v, target, dtype="bf16"):
+        self.loads.append((Path(package_dir).resolve(), head_dim_k, head_dim_v, target, dtype))
+        if self.load_error is not None:
+            raise self.load_error
+        return self.lib
+
+    def run_fused(self, lib, **kw):
+        assert lib is self.lib
+        self.runs.append(kw)
+        kw["out"].fill_(0.25)
+        if kw.get("final_state") is not None:
+            kw["final_state"].fill_(1.5)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dispatch_state(monkeypatch):
+    """Each test starts with no built library, no known-missing compiler and no warning shown yet."""
+    monkeypatch.setattr(dispatch, "_fused_libs", {})
+    monkeypatch.setattr(dispatch, "_no_compiler", {})
+    monkeypatch.setattr(dispatch, "_warned_no_compiler", set())
+
+
+@pytest.fixture
+def on_sm90(monkeypatch):
+    """The CPU tensors count as sitting on an sm_90 GPU for the fused decision; the interpreter flag lets
+    them past the device check (no kernel runs unless a test falls back to Triton)."""
+    monkeypatch.setattr(dispatch, "fused_target", lambda device: "sm_90")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _fake(monkeypatch, load_error: Exception | None = None) -> Recorder:
+    rec = Recorder(load_error)
+    monkeypatch.setattr(fused_path, "load_fused", rec.load_fused)
+    monkeypatch.setattr(fused_path, "run_fused", rec.run_fused)
+    return rec
+
+
+def _args(lens=(9, 3), K=128, V=128, **kw):
+    return make_inputs(list(lens), H, K, V, torch.bfloat16, "cpu", **kw)
+
+
+# ---- the registry --------------------------------------------------------------------------------
+
+def test_registry_lists_the_hip_variants_with_their_targets():
+    hip = {(e.head_dim_k, e.head_dim_v): e for e in kdagen_kernels.VARIANTS if e.backend == "hip"}
+    assert set(hip) == {(128, 128), (128, 256)}
+    for e in hip.values():
+        assert (e.dtype, e.chunk_size, e.targets) == ("bf16", 64, ("gfx942", "gfx950", "sm_90"))
+        assert e.name == fused_path.variant_name(e.head_dim_k, e.head_dim_v)
+        for t in e.targets:  # the source load_fused builds is there
+            assert fused_path.source_path(PACKAGE_DIR, e.head_dim_k, e.head_dim_v, t).is_file()
+
+
+def test_a_hip_entry_loads_through_load_fused(monkeypatch):
+    rec = _fake(monkeypatch)
+    assert KIMI.load("gfx950") is rec.lib
+    assert rec.loads == [(PACKAGE_DIR, 128, 128, "gfx950", "bf16")]
+    for bad in (None, "gfx90a"):
+        with pytest.raises(ValueError, match=re.escape(f"load it with one of its targets gfx942, gfx950, sm_90, "
+                                                       f"got target={bad!r}")):
+            KIMI.load(bad)
+
+
+def test_importing_the_package_builds_nothing(tmp_path):
+    # A fresh interpreter: importing kdagen_kernels neither compiles a fused library nor imports a kernel module.
+    code = ("from kdagen.runtime import jit_hip\n"
+            "def boom(*a, **k): raise AssertionError('compiled at import')\n"
+            "jit_hip.build_library = jit_hip.load_library = boom\n"
+            "import sys, kdagen_kernels\n"
+            "assert any(e.backend == 'hip' for e in kdagen_kernels.VARIANTS)\n"
+            "assert not [m for m in sys.modules if m.startswith('kdagen_kernels.triton.')], sys.modules\n"
+            "print('ok')\n")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{root / 'generated'}", KDAGEN_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                       check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+# ---- the decision (pure) -------------------------------------------------------------------------
+
+ALL_HOLD = {"use_fused_chunk": True, "use_qk_l2norm_in_kernel": True, "cu_seqlens_given": True,
+            "lower_bound_given": True, "g_bias_given": True, "head_dim_k": 128, "head_dim_v": 128,
+            "dtype": torch.bfloat16, "target": "sm_90"}
+
+
+def test_fused_when_every_precondition_holds():
+    d = dispatch.decide_fused(kdagen_kernels.VARIANTS, **ALL_HOLD)
+    assert d.entry is KIMI and d.target == "sm_90" and d.why_not == ()
+    for target in KIMI.targets:
+        assert dispatch.decide_fused(kdagen_kernels.VARIANTS, **dict(ALL_HOLD, target=target)).entry is KIMI
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"use_fused_chunk": False}, "use_fused_chunk is False"),
+    ({"use_qk_l2norm_in_kernel": False}, "use_qk_l2norm_in_kernel is False"),
+    ({"cu_seqlens_given": False}, "no cu_seqlens"),
+    ({"lower_bound_given": False}, "no lower_bound"),
+    ({"g_bias_given": False}, "no g_bias"),
+    ({"target": None}, "no GPU target (CPU tensors or the Triton interpreter)"),
+    ({"target": "gfx90a"}, "no generated hip variant for K=128, V=128, dtype=bf16, chunk 64 on gfx90a"),
+    ({"dtype": torch.float16}, "no generated hip variant for K=128, V=128, dtype=fp16, chunk 64 on sm_90"),
+    ({"head_dim_k": 64, "head_dim_v": 64}, "no generated hip variant for K=64, V=64, dtype=bf16"),
+], ids=lambda x: None)
+def test_triton_when_one_precondition_fails(change, why):
+    d = dispatch.decide_fused(kdagen_kernels.VARIANTS, **dict(ALL_HOLD, **change))
+    assert d.entry is None
+    assert any(w.startswith(why) for w in d.why_not), d.why_not
+
+
+def test_only_a_chunk_64_hip_variant_that_declares_the_target_serves():
+    registry = (_hip_entry(chunk=32), _hip_entry(targets=("gfx942",)), SMALL_TRITON)
+    assert dispatch.decide_fused(registry, **ALL_HOLD).entry is None
+    assert dispatch.decide_fused(registry, **dict(ALL_HOLD, target="gfx942")).entry is registry[1]
+
+
+def test_fused_target(monkeypatch):
+    monkeypatch.setattr(dispatch, "target_of", lambda device: "gfx942")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert dispatch.fused_target(torch.device("cpu")) is None
+    assert dispatch.fused_target(torch.device("cuda", 0)) == "gfx942"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert dispatch.fused_target(torch.device("cuda", 0)) is None
+
+
+# ---- can_use_fused -------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """torch sees a CUDA device whose target is sm_90 (KDAGEN_TARGET-style), outside the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(dispatch, "target_of", lambda device: "sm_90")
+    monkeypatch.setattr(jit_hip, "find_compiler", lambda target: jit_hip.Compiler("nvcc", "/fake/nvcc"))
+
+
+def test_can_use_fused_answers_from_registry_and_device(fake_gpu, monkeypatch):
+    assert kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
+    assert kdagen_kernels.can_use_fused_kda_chunk(128, 256, torch.bfloat16, 64)
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.float16, 64)  # no fp16 hip variant
+    assert not kdagen_kernels.can_use_fused_kda_chunk(64, 64, torch.bfloat16, 64)
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 32)
+    monkeypatch.setattr(dispatch, "target_of", lambda device: "gfx90a")  # a target no variant declares
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
+
+
+def test_can_use_fused_is_false_without_cuda_in_the_interpreter_or_without_the_compiler(fake_gpu, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+    def missing(target):
+        raise jit_hip.CompilerNotFoundError(NO_NVCC)
+
+    monkeypatch.setattr(jit_hip, "find_compiler", missing)
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
+
+
+# ---- calls that take the fused path --------------------------------------------------------------
+
+def test_fused_call_passes_everything_to_run_fused(on_sm90, monkeypatch):
+    rec = _fake(monkeypatch)
+    args = _args()
+    out = torch.full_like(args["v"], float("nan"))
+    o, final = kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
+    assert o is out and bool((o == 0.25).all())
+    assert final.shape == (2, H, 128, 128) and final.dtype == torch.float32 and bool((final == 1.5).all())
+    assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")]
+    (kw,) = rec.runs
+    assert "groups" not in kw  # the group count is run_fused's automatic choice
+    assert kw["out"] is out and kw["final_state"] is final and kw["initial_state"] is args["initial_state"]
+    assert kw["use_qk_l2norm"] is True and kw["lower_bound"] == -5.0 and kw["scale"] == 128 ** -0.5
+    for name in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "cu_seqlens"):
+        assert kw[name] is args[name], name
+    assert torch.equal(kw["chunk_indices"].long(), torch.tensor([[0, 0], [1, 0]]))
+    assert torch.equal(kw["chunk_offsets"].long(), torch.tensor([0, 1, 2]))
+    assert all(kw[n] is None for n in ("state_cache", "state_indices", "has_initial_state", "checkpoint_state",
+                                       "checkpoint_offsets", "checkpoint_state_indices"))
+    kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
+    assert len(rec.loads) == 1 and len(rec.runs) == 2  # the library is loaded once per process
+
+
+def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch):
+    rec = _fake(monkeypatch)
+    args = _args((130, 3), h0=False)
+    cache = torch.randn(4, H, 128, 128)
+    ck = torch.full((3, H, 128, 128), float("nan"))
+    extra = {"state_cache": cache, "state_indices": torch.tensor([2, -1], dtype=torch.int32),
+             "has_initial_state": torch.tensor([True, False]), "checkpoint_state": ck,
+             "checkpoint_offsets": torch.tensor([64, 0], dtype=torch.int32),
+             "checkpoint_state_indices": torch.tensor([1, -1], dtype=torch.int32)}
+    _, final = kdagen_kernels.chunk_kda_prefill(**args, out=torch.empty_like(args["v"]), use_fused_chunk=True,
+                                                **extra)
+    assert final is None
+    (kw,) = rec.runs
+    assert kw["final_state"] is None and kw["initial_state"] is None
+    for name, t in extra.items():
+        assert kw[name] is t, name
+
+
+def test_out_none_writes_into_a_contiguous_v(on_sm90, monkeypatch):
+    _fake(monkeypatch)
+    args = _args()
+    v = args["v"]
+    o, _ = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True)
+    assert o.data_ptr() == v.data_ptr() and bool((v == 0.25).all())  # as the seed: v is dead by then
+
+
+def test_out_none_with_a_strided_v_allocates(on_sm90, monkeypatch):
+    _fake(monkeypatch)
+    args = _args()
+    wide = torch.randn(1, 12, H, 160).to(torch.bfloat16)
+    args["v"] = wide[..., :128]
+    before = wide.clone()
+    o, _ = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True)
+    assert o.is_contiguous() and o.data_ptr() != wide.data_ptr() and bool((o == 0.25).all())
+    assert torch.equal(wide, before)
+
+
+def test_misaligned_checkpoint_offsets_are_refused_before_building(on_sm90, monkeypatch):
+    rec = _fake(monkeypatch)
+    args = _args((130, 3))
+    out = torch.full_like(args["v"], 7.0)
+    ck = torch.full((2, H, 128, 128), 3.0)
+    with pytest.raises(ValueError, match=re.escape("checkpoint_offsets[0] must be 0 (no checkpoint) or a positive "
+                                                   "multiple of 64 below the sequence's length 130, got 100")):
+        kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True, checkpoint_state=ck,
+                                         checkpoint_offsets=torch.tensor([100, 0], dtype=torch.int32))
+    assert rec.loads == [] and rec.runs == []
+    assert bool((out == 7.0).all()) and bool((ck == 3.0).all())
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"use_qk_l2norm_in_kernel": False}, "use_qk_l2norm_in_kernel is False"),
+    ({"cu_seqlens": None}, "no cu_seqlens"),
+    ({"lower_bound": None}, "no lower_bound"),
+    ({"g_bias": None}, "no g_bias"),
+    ({"use_fused_chunk": False}, "use_fused_chunk is False"),
+], ids=lambda x: None)
+def test_a_missing_precondition_keeps_the_triton_path(on_sm90, monkeypatch, change, why):
+    # Checkpoints show which path was taken without running a kernel: the Triton path refuses them.
+    rec = _fake(monkeypatch)
+    args = _args((6, 6))
+    if "cu_seqlens" in change:  # B = 2 sequences of 6 tokens, unpacked
+        args = {n: (t.reshape(2, 6, *t.shape[2:]) if n in ("q", "k", "v", "raw_g", "raw_beta") else t)
+                for n, t in args.items()}
+    args = {**args, "use_fused_chunk": True, **change}
+    with pytest.raises(NotImplementedError, match=re.escape(why)):
+        kdagen_kernels.chunk_kda_prefill(**args, checkpoint_state=torch.zeros(2, H, 128, 128),
+                                         checkpoint_offsets=torch.zeros(2, dtype=torch.int32))
+    assert rec.loads == [] and rec.runs == []
+
+
+def test_cpu_tensors_never_take_the_fused_path(monkeypatch):
+    rec = _fake(monkeypatch)  # no fused_target patch: these are CPU tensors in the interpreter
+    with pytest.raises(NotImplementedError, match=re.escape("no GPU target")):
+        kdagen_kernels.chunk_kda_prefill(**_args(), use_fused_chunk=True, checkpoint_state=torch.zeros(2, H, 128, 128),
+                                         checkpoint_offsets=torch.zeros(2, dtype=torch.int32))
+    assert rec.loads == []
+
+
+# ---- no compiler, compile errors ------------------------------------------------------------------
+
+def _small(**kw):
+    return _args((9, 3), 64, 64, seed=3, **kw)
+
+
+@NEEDS_INTERPRETER
+def test_no_compiler_warns_once_and_runs_triton(on_sm90, monkeypatch):
+    rec = _fake(monkeypatch, jit_hip.CompilerNotFoundError(NO_NVCC))
+    args = _small()
+    expect, expect_state = dispatch.chunk_kda_prefill(SMALL_REGISTRY, **args)  # the Triton path
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        results = [dispatch.chunk_kda_prefill(SMALL_REGISTRY, **args, use_fused_chunk=True) for _ in range(2)]
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    msg = str(seen[0].message)
+    assert seen[0].category is RuntimeWarning
+    assert "fake__hip__bf16__k64_v64_c64" in msg and "sm_90" in msg and NO_NVCC in msg
+    assert "Running the Triton path instead" in msg
+    assert rec.runs == [] and len(rec.loads) == 1  # the missing compiler is remembered, not searched per call
+    for o, s in results:
+        assert torch.equal(o, expect) and torch.equal(s, expect_state)
+
+
+def test_checkpoints_without_the_compiler_are_an_error_that_writes_nothing(on_sm90, monkeypatch):
+    rec = _fake(monkeypatch, jit_hip.CompilerNotFoundError(NO_NVCC))
+    args = _small(h0=False)
+    args["output_final_state"] = False
+    out = torch.full_like(args["v"], 7.0)
+    ck = torch.full((2, H, 64, 64), 3.0)
+    cache = torch.randn(3, H, 64, 64)
+    cache_before = cache.clone()
+    for _ in range(2):  # the first discovery and a later call both refuse
+        with pytest.raises(jit_hip.CompilerNotFoundError) as info:
+            dispatch.chunk_kda_prefill(
+                SMALL_REGISTRY, **args, out=out, use_fused_chunk=True, checkpoint_state=ck,
+                checkpoint_offsets=torch.zeros(2, dtype=torch.int32), state_cache=cache,
+                state_indices=torch.tensor([0, 2], dtype=torch.int32), has_initial_state=torch.tensor([True, False]))
+        msg = str(info.value)
+        assert "checkpoint_offsets asks for a checkpoint export, which only the fused path writes" in msg
+        assert NO_NVCC in msg and "call without checkpoint_state/checkpoint_offsets" in msg
+    assert rec.runs == []
+    assert bool((out == 7.0).all()) and bool((ck == 3.0).all()) and torch.equal(cache, cache_before)
+
+
+def test_a_compile_error_propagates(on_sm90, monkeypatch):
+    err = jit_hip.HipCompileError("compiling kda_chunk_fwd__hip__bf16__k128_v128_c64 for sm_90 failed (exit 1).\n"
+                                  "generated source: generated/kdagen_kernels/hip/x.hip\ncompiler stderr:\nerror: boom")
+    rec = _fake(monkeypatch, err)
+    args = _args()
+    out = torch.full_like(args["v"], 7.0)
+    for attempt in (1, 2):  # never cached as "no compiler": every call reports it
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(jit_hip.HipCompileError, match="(?s)generated source: .*error: boom"):
+                kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
+        assert not [w for w in seen if "Triton path instead" in str(w.message)]  # no silent fallback
+        assert len(rec.loads) == attempt
+    assert rec.runs == [] and bool((out == 7.0).all())
+
+
+def test_the_fallback_warning_is_per_variant_and_target(monkeypatch):
+    rec = _fake(monkeypatch, jit_hip.CompilerNotFoundError(NO_NVCC))
+    a, b = _hip_entry(), _hip_entry(64, 64, targets=("sm_90", "gfx942"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for entry, target in ((a, "sm_90"), (a, "sm_90"), (b, "sm_90"), (b, "sm_90"), (b, "gfx942")):
+            assert dispatch._fused_library(entry, target, checkpoints=False) is None
+    assert [str(w.message).split(": ")[1].split(" cannot")[0] for w in seen] == [
+        "use_fused_chunk=True, but the fused variant fake__hip__bf16__k128_v128_c64",
+        "use_fused_chunk=True, but the fused variant fake__hip__bf16__k64_v64_c64",
+        "use_fused_chunk=True, but the fused variant fake__hip__bf16__k64_v64_c64"]
+    assert [(load[1], load[3]) for load in rec.loads] == [(128, "sm_90"), (64, "sm_90"), (64, "gfx942")]

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`python -m kdagen bench`: time chunk_kda_prefill (and FLA's chunk_kda when importable) on the GPU.
+"""`python -m kdagen bench`: time chunk_kda_prefill's Triton path, its fused path (when a hip variant serves
+the device) and FLA's chunk_kda (when importable) on the GPU.
 
 GPU time is the median of CUDA-graph replays (triton.testing.do_bench_cudagraph); eager time is the
 median of plain calls, Python included (do_bench). The floor is max(bytes / copy bandwidth, FLOPs /
@@ -148,9 +149,11 @@ def run_bench(shapes, out_dir: Path) -> list[dict]:
                              mtok_s=T / gpu / 1e3, pct_floor=100 * floor_ms / gpu))
         for r in rows[-len(impls):]:
             r["speedup_vs_fla"] = (base / r["gpu_ms"]) if base else float("nan")
-        print(f"[{i + 1}/{len(shapes)}] H={H} T={T} N={N} done", file=sys.stderr)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _write_csv(rows, out_dir / "bench.csv")
+        # Progress, with this shape's rows, and the CSV so far: a long run that is cut short keeps them.
+        print(f"[{i + 1}/{len(shapes)}] H={H} T={T} N={N}\n" + format_table(rows[-len(impls):]).split("\n", 1)[1],
+              file=sys.stderr, flush=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_csv(rows, out_dir / "bench.csv")
     _plot(rows, out_dir / "bench.png")
     return rows
 

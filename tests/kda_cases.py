@@ -45,7 +45,8 @@ def make_inputs(lens: list[int], H: int, K: int, V: int, dtype: torch.dtype, dev
     args = dict(q=q.to(dtype), k=k.to(dtype), v=rnd(1, T, H, V).to(dtype))
     if strided:
         width = H * K + H + 5
-        proj = rnd(1, T, width).to(dtype)
+        # Built on the target device and sliced there: `.to(device)` of a gapped view would make it dense.
+        proj = rnd(1, T, width).to(dtype).to(device)
         args["raw_g"] = proj[..., :H * K].unflatten(-1, (H, K))
         args["raw_beta"] = proj[..., H * K:H * K + H]
     else:

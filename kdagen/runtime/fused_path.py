@@ -21,7 +21,8 @@ from .jit_hip import HipLibrary, TargetMismatchError, load_library
 
 CHUNK = 64
 OP = "run_fused"
-MAX_GROUPS = 32
+MAX_GROUPS = 32  # the cost model's largest choice
+MAX_FORCED_GROUPS = 1024  # an explicit count (argument or env): bounds the grid and the group workspace
 GROUPS_ENV = "KDAGEN_FUSED_GROUPS"
 # One group-scan step (a [16, K] x [K, K] fp32 product per block) in units of one chunk step of the walk.
 _SCAN_STEP = 0.5
@@ -212,7 +213,9 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if groups is None:
         groups = choose_groups(N, H, n_chunks, K, V, lib.v_slice, _sm_count(dev.index or 0),
                                lib.recurrence_blocks_per_sm())
-    _req(isinstance(groups, int) and groups >= 1, f"groups must be a positive int, got {groups!r}")
+    _req(isinstance(groups, int) and 1 <= groups <= MAX_FORCED_GROUPS,
+         f"groups must be an int in 1..{MAX_FORCED_GROUPS} (more groups than chunks only adds empty ones), "
+         f"got {groups!r}")
     gws = torch.empty(group_workspace_numel(groups, N, H, K, V), dtype=torch.float32, device=dev) \
         if groups > 1 else None
     stream = torch.cuda.current_stream(dev).cuda_stream

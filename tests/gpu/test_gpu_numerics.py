@@ -62,6 +62,7 @@ def test_adversarial_regime():
 
 def test_strided_raw_projections_and_strided_out():
     args = make_inputs([300, 5, 77], 12, 128, 128, torch.bfloat16, DEV, strided=True, seed=6)
+    assert not args["raw_g"].is_contiguous() and args["raw_beta"].stride(1) == 12 * 128 + 12 + 5
     ref_o, ref_s = chunk_kda_prefill_reference(**args)
     big = torch.full((1, 382, 12, 160), float("nan"), dtype=torch.bfloat16, device=DEV)
     out = big[..., 16:144]

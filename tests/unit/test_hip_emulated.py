@@ -200,7 +200,7 @@ def test_state_cache_in_place(emu, groups):
     ro, rf = chunk_kda_prefill_reference(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"],
                                          initial_state=h0, output_final_state=True, lower_bound=-5.0,
                                          use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu_seqlens"])
-    assert rel_l2(o[:, :200], ro[:, :200]) < 1e-2
+    assert rel_l2(o, ro) < 1e-2  # sequence 2 (index -1) starts from zeros, as in the reference
     assert rel_l2(cache[1], rf[0]) < 1e-2 and rel_l2(cache[3], rf[1]) < 1e-2
     for row in (0, 2, 4):
         assert torch.equal(cache[row], before[row])

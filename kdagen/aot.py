@@ -44,7 +44,7 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, safe_diag: b
         "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}", "u_ws": f"*{io}", "aqk_ws": f"*{io}",
         "decay_ws": "*fp32", "scale": "fp32", "lower_bound": "fp32",
         **{s: i32 for s in ("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "H")},
-        "LOWER_BOUND": "constexpr", "HAS_BIAS": "constexpr", "USE_L2NORM": "constexpr",
+        "BLOCK_K": "constexpr", "LOWER_BOUND": "constexpr", "HAS_BIAS": "constexpr", "USE_L2NORM": "constexpr",
         "SAFE_DIAG": "constexpr", "DOT_F32": "constexpr",
     }
     pro_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "USE_L2NORM": True, "SAFE_DIAG": safe_diag,
@@ -96,6 +96,8 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, s
         kind = "prologue" if name == "kda_prologue" else "recurrence"
         if name == "kda_recurrence":
             const["BLOCK_V"] = min(tun["block_v"], mod.BV)
+        else:
+            const["BLOCK_K"] = min(tun["prologue_block_k"], mod.BK, mod.BV)
         options = {"num_warps": tun[f"{kind}_warps"], "num_stages": tun[f"{kind}_stages"]}
         if t.vendor == "amd":
             options["matrix_instr_nonkdim"] = 16

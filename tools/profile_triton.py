@@ -8,6 +8,7 @@ spec's tuning block can be chosen from measurements (docs/perf-notes.md keeps th
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -19,13 +20,16 @@ from kdagen.runtime import triton_path
 from kdagen.runtime.device import target_of
 
 SHAPES = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16), (12, 65536, 1)]
-PRO = [dict(prologue_warps=w, prologue_stages=s) for w, s in ((4, 1), (8, 1), (16, 1))]
+PRO = [dict(prologue_warps=w, prologue_stages=s, prologue_block_k=bk)
+       for w, s, bk in ((1, 1, 16), (1, 1, 32), (1, 2, 32), (1, 3, 32), (1, 1, 64), (2, 1, 32), (2, 2, 64), (4, 1, 32))]
 REC = [dict(recurrence_warps=w, recurrence_stages=s, block_v=b)
        # (4, 2, 32) is left out: it faults (illegal address) under triton 3.6 on sm_90, see docs/perf-notes.md.
        for w, s, b in ((8, 2, 64), (4, 2, 64), (8, 1, 64), (8, 2, 32), (4, 1, 32), (8, 2, 128), (4, 1, 16))]
 
 
 def main() -> None:
+    # KDAGEN_PROFILE=prologue or recurrence times only that kernel's candidates.
+    only = os.environ.get("KDAGEN_PROFILE", "")
     shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:]] or SHAPES
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name.endswith("bf16__k128_v128_c64"))
     mod = entry.load()
@@ -41,7 +45,7 @@ def main() -> None:
         ws = triton_path.new_workspace(mod, T, H, ci.shape[0], torch.bfloat16, "cuda")
         final = torch.empty(N, H, 128, 128, device="cuda")
         st = triton_path.StateArgs(1, 1, args["initial_state"], final)
-        for p in PRO:
+        for p in PRO if only != "recurrence" else []:
             tun = {**base, **p}
             ms = triton.testing.do_bench(lambda: triton_path.launch_prologue(
                 mod, tun, ws, q=args["q"], k=args["k"], v=args["v"], raw_g=args["raw_g"], raw_beta=args["raw_beta"],
@@ -49,7 +53,7 @@ def main() -> None:
                 use_qk_l2norm=True, cu_seqlens=args["cu_seqlens"], chunk_indices=ci),
                 return_mode="median")
             print(f"   prologue   {p}: {ms:.3f} ms")
-        for r in REC:
+        for r in REC if only != "prologue" else []:
             tun = {**base, **r}
             try:
                 ms = triton.testing.do_bench(lambda: triton_path.launch_recurrence(

@@ -215,6 +215,9 @@ def _check_tuning_value(name: str, value: int) -> str | None:
         return None if value in WARPS else f"must be one of {', '.join(map(str, WARPS))}"
     if name.endswith("_stages"):
         return None if 1 <= value <= MAX_STAGES else f"must be 1..{MAX_STAGES}"
+    if name == "prologue_block_k":
+        ok = value >= 16 and value & (value - 1) == 0
+        return None if ok else "must be a power of two >= 16 (larger than the head dims is clamped to them)"
     if name == "block_v":
         ok = value >= 16 and value & (value - 1) == 0
         return None if ok else "must be a power of two >= 16 (and <= next_pow2(head_dim_v))"

@@ -13,6 +13,7 @@ class TritonTuning:
 
     prologue_warps: int = 4
     prologue_stages: int = 1
+    prologue_block_k: int = 32
     recurrence_warps: int = 4
     recurrence_stages: int = 2
     block_v: int = 64

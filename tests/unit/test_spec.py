@@ -319,3 +319,22 @@ def test_any_values_load_or_give_formatted_errors(tmp_path, k, v, chunk, dtype, 
     est = estimate_triton_smem(k, v, chunk, dtype, variant.tuning[0][1].block_v,
                                variant.tuning[0][1].recurrence_stages)
     assert est <= TARGETS[target].smem_per_block
+
+
+def test_prologue_block_k_must_be_a_power_of_two(tmp_path):
+    text = GOOD + "    tuning: {triton: {sm_90: {prologue_block_k: 24}}}\n"
+    assert errors_of(tmp_path, k=text) == [
+        "specs/k.yaml:10: variants[0].tuning.triton.sm_90.prologue_block_k: 24 is out of range: "
+        "must be a power of two >= 16 (larger than the head dims is clamped to them)",
+    ]
+    (tmp_path / "specs" / "k.yaml").write_text(GOOD + "    tuning: {triton: {sm_90: {prologue_block_k: 64}}}\n")
+    assert load_specs(tmp_path / "specs", tmp_path)[0].variants[0].tuning_for("sm_90").prologue_block_k == 64
+
+
+def test_prologue_block_k_is_clamped_to_the_head_dims():
+    from types import SimpleNamespace
+
+    from kdagen.runtime.triton_path import prologue_block_k
+    assert prologue_block_k(SimpleNamespace(BK=128, BV=256), {"prologue_block_k": 32}) == 32
+    assert prologue_block_k(SimpleNamespace(BK=64, BV=64), {"prologue_block_k": 128}) == 64
+    assert prologue_block_k(SimpleNamespace(BK=128, BV=16), {"prologue_block_k": 32}) == 16

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""nox sessions: generate, check, tests (CPU CI), gpu (the H200), demo, bench."""
+"""nox sessions: generate, check, tests (CPU CI), gpu (the H200), demo, bench, autotune."""
 
 from __future__ import annotations
 
@@ -75,3 +75,9 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The benchmark table (GPU; same no-venv rule as `gpu`)."""
     session.run("python", "-m", "kdagen", "bench", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def autotune(session: nox.Session) -> None:
+    """Time Triton launch configs on this GPU; with `-- --write`, store the best in the spec (same rule as `gpu`)."""
+    session.run("python", "-m", "kdagen", "autotune", *session.posargs)

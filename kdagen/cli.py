@@ -19,7 +19,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # Modules that call add_command() at import time. To add a command, write it in its own module
 # (e.g. kdagen/bench.py with `add_command("bench", ...)` at module level) and list the module here.
-COMMAND_MODULES: tuple[str, ...] = ("kdagen.bench", "kdagen.demo")
+COMMAND_MODULES: tuple[str, ...] = ("kdagen.bench", "kdagen.demo", "kdagen.autotune")
 
 # Exit codes: 0 ok, 1 generated/ drifted (check), 2 invalid specs or templates.
 EXIT_DRIFT, EXIT_INVALID = 1, 2

@@ -23,6 +23,46 @@ QUICK = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16)]
 BYTES_PER_TOKEN_HEAD = 1282  # read q, k, v, raw_g, raw_beta; write o (bf16, K = V = 128)
 STATE_BYTES_PER_SEQ_HEAD = 2 * 128 * 128 * 4  # fp32 state in and out
 FLOPS_PER_TOKEN_HEAD = 181_589  # 6d^2 + 10Cd + C^2/3 at C = 64, d = 128
+IMPL_NAMES = {"triton": "kdagen-triton", "fused": "kdagen-fused", "fla": "fla-safe-gate"}
+
+
+def pick_shapes(explicit: list[str], quick: bool, heads: str) -> list[tuple[int, int, int]]:
+    """--shape H:T:N entries as given, else the performance.md (or quick) shapes, kept to --heads if set."""
+    def parse(text: str, what: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(x) for x in text.split(":" if what == "--shape" else ","))
+        except ValueError:
+            raise SystemExit(f"kdagen bench: {what} {text!r}: expected integers "
+                             f"({'H:T:N' if what == '--shape' else 'H1,H2'})") from None
+
+    shapes = [parse(s, "--shape") for s in explicit]
+    if any(len(s) != 3 or min(s) < 1 or s[2] > s[1] for s in shapes):
+        raise SystemExit(f"kdagen bench: --shape wants H:T:N with 1 <= N <= T, got {explicit}")
+    if not shapes:
+        shapes = list(QUICK if quick else SHAPES)
+        if heads:
+            wanted = set(parse(heads, "--heads"))
+            shapes = [s for s in shapes if s[0] in wanted]
+            if not shapes:
+                raise SystemExit(f"kdagen bench: no {'quick ' if quick else ''}shape has H in {sorted(wanted)}; "
+                                 f"the heads there are {sorted({s[0] for s in (QUICK if quick else SHAPES)})}, "
+                                 "or give --shape H:T:N")
+    return shapes
+
+
+def pick_impls(available: dict, wanted: list[str]) -> dict:
+    """The implementations named by --impl (short or full names), all available ones if none is named."""
+    if not wanted:
+        return available
+    out = {}
+    for w in wanted:
+        name = IMPL_NAMES.get(w, w)
+        if name not in IMPL_NAMES.values():
+            raise SystemExit(f"kdagen bench: --impl {w!r}: choose from {', '.join(IMPL_NAMES)}")
+        if name not in available:
+            raise SystemExit(f"kdagen bench: {name} is not available here (see the message above)")
+        out[name] = available[name]
+    return out
 
 
 def _inputs(H: int, T: int, N: int, seed: int = 0):
@@ -117,11 +157,11 @@ def _validate(impls) -> None:
             raise SystemExit(f"{name} disagrees with the float64 reference; not timing it")
 
 
-def run_bench(shapes, out_dir: Path) -> list[dict]:
+def run_bench(shapes, out_dir: Path, wanted: list[str] | None = None) -> list[dict]:
     import torch
     import triton
 
-    impls = _impls()
+    impls = pick_impls(_impls(), wanted or [])
     _validate(impls)
     bw, flops = _ceilings()
     print(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", file=sys.stderr)
@@ -205,17 +245,22 @@ def _plot(rows, path: Path) -> None:
 def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="three shapes instead of the fifteen of performance.md")
     p.add_argument("--shape", action="append", default=[], metavar="H:T:N", help="add a shape (repeatable)")
+    p.add_argument("--heads", default="", metavar="H1,H2",
+                   help="only the performance.md (or --quick) shapes with these head counts")
+    p.add_argument("--impl", action="append", default=[], metavar="NAME",
+                   help=f"time only this implementation, repeatable: {', '.join(IMPL_NAMES)} (default: all available)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"), help="where the CSV and PNG go")
 
 
 def _run(args: argparse.Namespace) -> int:
     import torch
 
+    shapes = pick_shapes(args.shape, args.quick, args.heads)
+    pick_impls(dict.fromkeys(IMPL_NAMES.values()), args.impl)  # names checked before looking for a GPU
     if not torch.cuda.is_available():
         print("kdagen bench needs a GPU", file=sys.stderr)
         return 2
-    shapes = [tuple(int(x) for x in s.split(":")) for s in args.shape] or (QUICK if args.quick else SHAPES)
-    rows = run_bench(shapes, args.out_dir)
+    rows = run_bench(shapes, args.out_dir, args.impl)
     print(format_table(rows))
     print(f"CSV and plot: {args.out_dir}/bench.csv, {args.out_dir}/bench.png")
     return 0

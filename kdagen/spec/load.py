@@ -237,6 +237,12 @@ def _parse_tuning(node: Any, where: str, line: int, report: Report) -> _Overlay:
     backends = _take(node, BACKENDS, frozenset(BACKENDS), where, report)
     for backend, per_target in backends.items():
         b_where, b_line = join(where, backend), node.key_lines[backend]
+        if backend != "triton":
+            # Accepting it would be a silent no-op: nothing reads it.
+            report(b_line, b_where, f"the {backend} backend has no spec tuning knobs (its V slice is per target "
+                   "in kdagen/spec/targets.py, its group count is chosen per call and KDAGEN_FUSED_GROUPS pins "
+                   f"it); remove tuning.{backend}")
+            continue
         if not isinstance(per_target, YMap):
             report(b_line, b_where, f"expected a mapping of targets ({', '.join(TARGETS)}), got {per_target!r}")
             continue

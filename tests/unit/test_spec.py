@@ -338,3 +338,10 @@ def test_prologue_block_k_is_clamped_to_the_head_dims():
     assert prologue_block_k(SimpleNamespace(BK=128, BV=256), {"prologue_block_k": 32}) == 32
     assert prologue_block_k(SimpleNamespace(BK=64, BV=64), {"prologue_block_k": 128}) == 64
     assert prologue_block_k(SimpleNamespace(BK=128, BV=16), {"prologue_block_k": 32}) == 16
+
+
+def test_hip_tuning_is_refused_not_ignored(tmp_path):
+    text = GOOD + "    tuning: {hip: {sm_90: {block_v: 32}}}\n"
+    errs = errors_of(tmp_path, k=text)
+    assert errs[0].startswith("specs/k.yaml:10: variants[0].tuning.hip: the hip backend has no spec tuning knobs")
+    assert "remove tuning.hip" in errs[0]

@@ -97,7 +97,7 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, s
         if name == "kda_recurrence":
             const["BLOCK_V"] = min(tun["block_v"], mod.BV)
         else:
-            const["BLOCK_K"] = min(tun["prologue_block_k"], mod.BK, mod.BV)
+            const["BLOCK_K"] = tun["prologue_block_k"]
         options = {"num_warps": tun[f"{kind}_warps"], "num_stages": tun[f"{kind}_stages"]}
         if t.vendor == "amd":
             options["matrix_instr_nonkdim"] = 16

@@ -57,11 +57,6 @@ def new_workspace(mod: ModuleType, T: int, H: int, n_chunks: int, io: torch.dtyp
                      decay=torch.empty(max(n_chunks, 1), H, mod.BK, dtype=torch.float32, device=device))
 
 
-def prologue_block_k(mod: ModuleType, tun: dict[str, int]) -> int:
-    """Column-slice width of the prologue, clamped to the (padded) head dims it slices."""
-    return min(tun["prologue_block_k"], mod.BK, mod.BV)
-
-
 def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, v, raw_g, raw_beta, A_log,
                     g_bias, scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens,
                     chunk_indices) -> None:
@@ -76,7 +71,7 @@ def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
         H,
-        BLOCK_K=prologue_block_k(mod, tun),
+        BLOCK_K=tun["prologue_block_k"],  # the spec loader bounds it by the head dims
         LOWER_BOUND=lower_bound is not None,
         HAS_BIAS=g_bias is not None,
         USE_L2NORM=bool(use_qk_l2norm),

@@ -217,7 +217,7 @@ def _check_tuning_value(name: str, value: int) -> str | None:
         return None if 1 <= value <= MAX_STAGES else f"must be 1..{MAX_STAGES}"
     if name == "prologue_block_k":
         ok = value >= 16 and value & (value - 1) == 0
-        return None if ok else "must be a power of two >= 16 (larger than the head dims is clamped to them)"
+        return None if ok else "must be a power of two >= 16 (and <= the smaller padded head dim)"
     if name == "block_v":
         ok = value >= 16 and value & (value - 1) == 0
         return None if ok else "must be a power of two >= 16 (and <= next_pow2(head_dim_v))"
@@ -266,22 +266,26 @@ def _parse_tuning(node: Any, where: str, line: int, report: Report) -> _Overlay:
     return out
 
 
-def _resolve_tuning(backend: str, target: str, head_dim_v: int, file_layer: _Overlay,
+def _resolve_tuning(backend: str, target: str, head_dim_k: int, head_dim_v: int, file_layer: _Overlay,
                     variant_layer: _Overlay, report: Report) -> TritonTuning | None:
     """Built-in defaults <- file-level tuning <- variant-level tuning, for one (backend, target)."""
     values = {name: getattr(_TUNING_DEFAULTS, name) for name in _TUNING_FIELDS}
     for layer in (file_layer, variant_layer):
         values.update({n: src.value for n, src in layer.get(backend, {}).get(target, {}).items()})
-    bound = next_pow2(head_dim_v)
-    if values["block_v"] > bound:
-        own = variant_layer.get(backend, {}).get(target, {}).get("block_v")
+    # block_v slices V; prologue_block_k slices K and V (the prologue's u walk uses the same width).
+    bounds = {"block_v": (next_pow2(head_dim_v), "next_pow2(head_dim_v)"),
+              "prologue_block_k": (min(next_pow2(head_dim_k), next_pow2(head_dim_v)),
+                                   "min(next_pow2(head_dim_k), next_pow2(head_dim_v))")}
+    for name, (bound, what) in bounds.items():
+        if values[name] <= bound:
+            continue
+        own = variant_layer.get(backend, {}).get(target, {}).get(name)
         if own is not None:
-            report(own.line, own.where, f"{own.value} exceeds next_pow2(head_dim_v) = {bound}; "
-                   f"use block_v <= {bound}")
+            report(own.line, own.where, f"{own.value} exceeds {what} = {bound}; use {name} <= {bound}")
             return None
-        # NOTE: an inherited block_v (built-in or file-level) is a default for every variant of the file;
-        # a narrow-V variant takes its whole V instead of forcing the user to override it per target.
-        values["block_v"] = bound
+        # NOTE: an inherited value (built-in or file-level) is a default for every variant of the file;
+        # a narrow variant takes its whole head dim instead of forcing the user to override it per target.
+        values[name] = bound
     return TritonTuning(**values)
 
 
@@ -355,7 +359,7 @@ def _parse_variant(item: YMap, where: str, op: str | None, rel: str, file_tuning
             continue
         tuning: list[tuple[str, TritonTuning]] = []
         for target in targets:
-            tun = _resolve_tuning(backend, target, v, file_tuning, own_tuning, report)
+            tun = _resolve_tuning(backend, target, k, v, file_tuning, own_tuning, report)
             if tun is None:
                 continue
             if backend == "triton":  # the HIP kernels' LDS is checked by their offline compiles (tests/aot)

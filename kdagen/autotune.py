@@ -196,17 +196,17 @@ def _worker(job: dict) -> dict:
     import triton
 
     import kdagen_kernels
+    from kdagen.bench import equal_lens, make_inputs
     from kdagen.reference import chunk_kda_prefill_reference, rel_l2
-    from kdagen.runtime import triton_path
 
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name == job["variant"])
     mod = entry.load()
     mod.TUNING[job["target"]].update(job["knobs"])  # this process only
     tun = mod.TUNING[job["target"]]
-    K, V, dtype = entry.head_dim_k, entry.head_dim_v, getattr(torch, {"bf16": "bfloat16"}.get(entry.dtype, "float16"))
-
     C = entry.chunk_size
-    args, ci, co = _inputs(4, [0, 1, C - 1, C, 3 * C + 8, 2 * C + 2], K, V, dtype, C, seed=1)
+    dims = dict(K=entry.head_dim_k, V=entry.head_dim_v, dtype=entry.dtype, chunk_size=C)
+
+    args, ci, co = make_inputs(4, [0, 1, C - 1, C, 3 * C + 8, 2 * C + 2], **dims, seed=1)
     ref_o, ref_s = chunk_kda_prefill_reference(**args)
     o, s = kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co,
                                             out=torch.full_like(args["v"], float("nan")))
@@ -215,44 +215,34 @@ def _worker(job: dict) -> dict:
         return dict(error=f"disagrees with the float64 reference (output {eo:.1e}, state {es:.1e})")
     ms = []
     for H, T, N in job["shapes"]:
-        lens = [T // N] * (N - 1) + [T - (T // N) * (N - 1)]
-        args, ci, co = _inputs(H, lens, K, V, dtype, C)
-        ws = triton_path.new_workspace(mod, T, H, ci.shape[0], dtype, "cuda")
-        pro = dict(q=args["q"], k=args["k"], v=args["v"], raw_g=args["raw_g"], raw_beta=args["raw_beta"],
-                   A_log=args["A_log"], g_bias=args["g_bias"], scale=K ** -0.5, lower_bound=args["lower_bound"],
-                   use_qk_l2norm=True, cu_seqlens=args["cu_seqlens"], chunk_indices=ci)
-        triton_path.launch_prologue(mod, tun, ws, **pro)
-        if job["kernel"] == "prologue":
-            fn = lambda: triton_path.launch_prologue(mod, tun, ws, **pro)  # noqa: E731
-        else:
-            out = torch.empty_like(args["v"])
-            st = triton_path.StateArgs(1, 1, args["initial_state"], torch.empty_like(args["initial_state"]))
-            fn = lambda: triton_path.launch_recurrence(  # noqa: E731
-                mod, tun, ws, scale=K ** -0.5, cu_seqlens=args["cu_seqlens"], chunk_offsets=co, out=out, state=st)
-        ms.append(float(triton.testing.do_bench(fn, return_mode="median")))
+        args, ci, co = make_inputs(H, equal_lens(T, N), **dims)
+        ms.append(float(triton.testing.do_bench(kernel_call(mod, tun, job["kernel"], args, ci, co),
+                                                return_mode="median")))
         torch.cuda.synchronize()
     return dict(ms=ms)
 
 
-def _inputs(H: int, lens: list[int], K: int, V: int, dtype, chunk_size: int, seed: int = 0):
+def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=None) -> Callable[[], None]:
+    """One Triton kernel ("prologue" or "recurrence") of a chunk_kda_prefill call, launched alone with
+    `tun`, on a workspace the prologue has filled (so the recurrence walks real values); the recurrence
+    writes `out` (a new tensor if None)."""
     import torch
 
-    import kdagen_kernels
+    from kdagen.runtime import triton_path
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    T, N = sum(lens), len(lens)
-
-    def rn(*s):
-        return torch.randn(*s, device="cuda", generator=g)
-
-    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
-    args = dict(q=rn(1, T, H, K).to(dtype), k=rn(1, T, H, K).to(dtype), v=rn(1, T, H, V).to(dtype),
-                raw_g=rn(1, T, H, K).to(dtype), raw_beta=rn(1, T, H).to(dtype),
-                A_log=torch.rand(H, device="cuda", generator=g), g_bias=torch.rand(H * K, device="cuda", generator=g),
-                initial_state=rn(N, H, V, K), output_final_state=True, lower_bound=-5.0,
-                use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
-    ci, co = kdagen_kernels.prepare_chunk_metadata_device(cu, cu.cpu(), chunk_size)
-    return args, ci, co
+    q, v = args["q"], args["v"]
+    T, H, K = q.shape[1], q.shape[2], q.shape[3]
+    ws = triton_path.new_workspace(mod, T, H, ci.shape[0], q.dtype, q.device)
+    pro = dict(q=q, k=args["k"], v=v, raw_g=args["raw_g"], raw_beta=args["raw_beta"], A_log=args["A_log"],
+               g_bias=args["g_bias"], scale=K ** -0.5, lower_bound=args["lower_bound"], use_qk_l2norm=True,
+               cu_seqlens=args["cu_seqlens"], chunk_indices=ci)
+    triton_path.launch_prologue(mod, tun, ws, **pro)
+    if kernel == "prologue":
+        return lambda: triton_path.launch_prologue(mod, tun, ws, **pro)
+    out = torch.empty_like(v) if out is None else out
+    st = triton_path.StateArgs(1, 1, args["initial_state"], torch.empty_like(args["initial_state"]))
+    return lambda: triton_path.launch_recurrence(mod, tun, ws, scale=K ** -0.5, cu_seqlens=args["cu_seqlens"],
+                                                 chunk_offsets=co, out=out, state=st)
 
 
 # -------------------------------------------------------------------------------------------- command

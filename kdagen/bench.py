@@ -65,25 +65,37 @@ def pick_impls(available: dict, wanted: list[str]) -> dict:
     return out
 
 
+def equal_lens(T: int, N: int) -> list[int]:
+    """performance.md's batches: N equal sequences (the last takes the remainder) packed into T tokens."""
+    return [T // N] * (N - 1) + [T - (T // N) * (N - 1)]
+
+
 def _inputs(H: int, T: int, N: int, seed: int = 0):
+    return make_inputs(H, equal_lens(T, N), seed=seed)
+
+
+def make_inputs(H: int, lens: list[int], K: int = 128, V: int = 128, dtype: str = "bf16", chunk_size: int = 64,
+                seed: int = 0, device: str = "cuda"):
+    """Random chunk_kda_prefill arguments (safe gate, L2 norm, bias, initial state) and the chunk
+    metadata for sequences of the given lengths."""
     import torch
 
     import kdagen_kernels
+    from kdagen.runtime.registry import TORCH_DTYPES
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dev = "cuda"
+    g = torch.Generator(device=device).manual_seed(seed)
+    dev, io, T, N = device, TORCH_DTYPES[dtype], sum(lens), len(lens)
 
     def rn(*s):
         return torch.randn(*s, device=dev, generator=g)
 
-    cu = torch.arange(N + 1, dtype=torch.int32, device=dev) * (T // N)
-    cu[-1] = T
-    args = dict(q=rn(1, T, H, 128).bfloat16(), k=rn(1, T, H, 128).bfloat16(), v=rn(1, T, H, 128).bfloat16(),
-                raw_g=rn(1, T, H, 128).bfloat16(), raw_beta=rn(1, T, H).bfloat16(),
-                A_log=torch.rand(H, device=dev, generator=g), g_bias=torch.rand(H * 128, device=dev, generator=g),
-                initial_state=rn(N, H, 128, 128), output_final_state=True, lower_bound=-5.0,
+    cu = torch.tensor([0] + list(lens), device=dev).cumsum(0).to(torch.int32)
+    args = dict(q=rn(1, T, H, K).to(io), k=rn(1, T, H, K).to(io), v=rn(1, T, H, V).to(io),
+                raw_g=rn(1, T, H, K).to(io), raw_beta=rn(1, T, H).to(io),
+                A_log=torch.rand(H, device=dev, generator=g), g_bias=torch.rand(H * K, device=dev, generator=g),
+                initial_state=rn(N, H, V, K), output_final_state=True, lower_bound=-5.0,
                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
-    ci, co = kdagen_kernels.prepare_chunk_metadata_device(cu, cu.cpu(), 64)
+    ci, co = kdagen_kernels.prepare_chunk_metadata_device(cu, cu.cpu(), chunk_size)
     return args, ci, co
 
 

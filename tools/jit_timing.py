@@ -20,20 +20,13 @@ import json, sys, time
 t0 = time.perf_counter()
 import torch, kdagen_kernels
 t1 = time.perf_counter()
-fused = sys.argv[1] == "fused"
-g = torch.Generator(device="cuda").manual_seed(0)
-T, H = 300, 4
-rn = lambda *s: torch.randn(*s, device="cuda", generator=g)
-cu = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
-ci, co = kdagen_kernels.prepare_chunk_metadata_device(cu, cu.cpu(), 64)
-args = dict(q=rn(1, T, H, 128).bfloat16(), k=rn(1, T, H, 128).bfloat16(), v=rn(1, T, H, 128).bfloat16(),
-            raw_g=rn(1, T, H, 128).bfloat16(), raw_beta=rn(1, T, H).bfloat16(), A_log=torch.rand(H, device="cuda"),
-            g_bias=torch.rand(H * 128, device="cuda"), initial_state=rn(2, H, 128, 128), output_final_state=True,
-            lower_bound=-5.0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
-            out=torch.empty(1, T, H, 128, device="cuda", dtype=torch.bfloat16), use_fused_chunk=fused)
+from kdagen.bench import make_inputs
+args, ci, co = make_inputs(4, [100, 200])
+out = torch.empty_like(args["v"])
 torch.cuda.synchronize()
 t2 = time.perf_counter()
-kdagen_kernels.chunk_kda_prefill(**args)
+kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out,
+                                 use_fused_chunk=sys.argv[1] == "fused")
 torch.cuda.synchronize()
 t3 = time.perf_counter()
 print(json.dumps(dict(import_s=t1 - t0, first_call_s=t3 - t2)))

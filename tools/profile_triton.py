@@ -15,8 +15,8 @@ import torch
 import triton
 
 import kdagen_kernels
+from kdagen.autotune import kernel_call
 from kdagen.bench import _inputs
-from kdagen.runtime import triton_path
 from kdagen.runtime.device import target_of
 
 SHAPES = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16), (12, 65536, 1)]
@@ -42,26 +42,14 @@ def main() -> None:
             lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out),
             return_mode="median")
         print(f"H={H} T={T} N={N}: whole call {full:.3f} ms (spec tuning {base})")
-        ws = triton_path.new_workspace(mod, T, H, ci.shape[0], torch.bfloat16, "cuda")
-        final = torch.empty(N, H, 128, 128, device="cuda")
-        st = triton_path.StateArgs(1, 1, args["initial_state"], final)
-        for p in PRO if only != "recurrence" else []:
-            tun = {**base, **p}
-            ms = triton.testing.do_bench(lambda: triton_path.launch_prologue(
-                mod, tun, ws, q=args["q"], k=args["k"], v=args["v"], raw_g=args["raw_g"], raw_beta=args["raw_beta"],
-                A_log=args["A_log"], g_bias=args["g_bias"], scale=128 ** -0.5, lower_bound=-5.0,
-                use_qk_l2norm=True, cu_seqlens=args["cu_seqlens"], chunk_indices=ci),
-                return_mode="median")
-            print(f"   prologue   {p}: {ms:.3f} ms")
-        for r in REC if only != "prologue" else []:
-            tun = {**base, **r}
-            try:
-                ms = triton.testing.do_bench(lambda: triton_path.launch_recurrence(
-                    mod, tun, ws, scale=128 ** -0.5, cu_seqlens=args["cu_seqlens"], chunk_offsets=co, out=out,
-                    state=st), return_mode="median")
-                print(f"   recurrence {r}: {ms:.3f} ms")
-            except Exception as exc:  # e.g. out of shared memory for a config
-                print(f"   recurrence {r}: failed ({type(exc).__name__}: {str(exc)[:80]})")
+        for kernel, cands in (("prologue", PRO), ("recurrence", REC)):
+            for c in cands if only in ("", kernel) else []:
+                try:
+                    ms = triton.testing.do_bench(kernel_call(mod, {**base, **c}, kernel, args, ci, co),
+                                                 return_mode="median")
+                    print(f"   {kernel:10s} {c}: {ms:.3f} ms")
+                except Exception as exc:  # e.g. out of shared memory, or a config that faults
+                    print(f"   {kernel:10s} {c}: failed ({type(exc).__name__}: {str(exc)[:80]})")
 
 
 if __name__ == "__main__":

@@ -35,20 +35,27 @@ class KernelReport:
         return f"{self.kernel:15s} {self.target:7s} smem={self.shared:7d} regs={self.registers} {spill} mma={mma}"
 
 
-def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, safe_diag: bool, state_mode: int) -> dict:
+def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: int, state_mode: int) -> dict:
     io = TL_DTYPES[mod.DTYPE]
     i32 = "i32"
+    gates = {"q": f"*{io}", "k": f"*{io}", "raw_g": f"*{io}", "raw_beta": f"*{io}", "A_log": "*fp32",
+             "g_bias": "*fp32", "cu_seqlens": "*i32", "chunk_indices": "*i32"}
     pro_sig = {
-        "q": f"*{io}", "k": f"*{io}", "v": f"*{io}", "raw_g": f"*{io}", "raw_beta": f"*{io}",
-        "A_log": "*fp32", "g_bias": "*fp32", "cu_seqlens": "*i32", "chunk_indices": "*i32",
-        "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}", "u_ws": f"*{io}", "aqk_ws": f"*{io}",
-        "decay_ws": "*fp32", "scale": "fp32", "lower_bound": "fp32",
-        **{s: i32 for s in ("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "H")},
+        **gates, "aqk_ws": f"*{io}", "tinv_ws": f"*{io}", "rnorm_ws": "*fp32", "scale": "fp32", "lower_bound": "fp32",
+        **{s: i32 for s in ("sq_t", "sq_h", "sk_t", "sk_h", "sg_t", "sg_h", "sb_t", "sb_h", "H")},
         "BLOCK_K": "constexpr", "LOWER_BOUND": "constexpr", "HAS_BIAS": "constexpr", "USE_L2NORM": "constexpr",
-        "SAFE_DIAG": "constexpr", "DOT_F32": "constexpr",
+        "DIAG_REF": "constexpr", "DOT_F32": "constexpr",
     }
-    pro_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "USE_L2NORM": True, "SAFE_DIAG": safe_diag,
+    pro_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "USE_L2NORM": True, "DIAG_REF": diag_ref,
                  "DOT_F32": False}
+    wu_sig = {
+        "q": f"*{io}", "k": f"*{io}", "v": f"*{io}", **{n: t for n, t in gates.items() if n not in ("q", "k")},
+        "tinv_ws": f"*{io}", "rnorm_ws": "*fp32", "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}",
+        "u_ws": f"*{io}", "decay_ws": "*fp32", "lower_bound": "fp32",
+        **{s: i32 for s in ("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "H")},
+        "BLOCK_K": "constexpr", "LOWER_BOUND": "constexpr", "HAS_BIAS": "constexpr", "DOT_F32": "constexpr",
+    }
+    wu_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "DOT_F32": False}
     rec_sig = {
         "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}", "u_ws": f"*{io}", "aqk_ws": f"*{io}",
         "decay_ws": "*fp32", "o": f"*{io}", "h0": "*fp32", "ht": "*fp32", "state_indices": "*i32",
@@ -57,7 +64,8 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, safe_diag: b
         "BLOCK_V": "constexpr", "STATE_IN": "constexpr", "STATE_OUT": "constexpr", "DOT_F32": "constexpr",
     }
     rec_const = {"STATE_IN": state_mode, "STATE_OUT": state_mode, "DOT_F32": False}
-    return {"kda_prologue": (pro_sig, pro_const), "kda_recurrence": (rec_sig, rec_const)}
+    return {"kda_prologue": (pro_sig, pro_const), "kda_wu": (wu_sig, wu_const),
+            "kda_recurrence": (rec_sig, rec_const)}
 
 
 def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
@@ -79,8 +87,8 @@ def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
     return (int(m.group(1)) if m else None), (int(s.group(1)) if s else None)
 
 
-def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, safe_diag: bool = True,
-                    state_mode: int = 1) -> list[KernelReport]:
+def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, diag_ref: int = 2,
+                    state_mode: int = 1, kernels: tuple[str, ...] | None = None) -> list[KernelReport]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -90,14 +98,16 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, s
     t = TARGETS[target]
     tun = mod.TUNING[target]
     reports = []
-    for name, (sig, const) in _signatures(mod, target, lower_bound=lower_bound, safe_diag=safe_diag,
+    for name, (sig, const) in _signatures(mod, target, lower_bound=lower_bound, diag_ref=diag_ref,
                                           state_mode=state_mode).items():
+        if kernels is not None and name not in kernels:
+            continue
         const = dict(const)
-        kind = "prologue" if name == "kda_prologue" else "recurrence"
+        kind = name.removeprefix("kda_")
         if name == "kda_recurrence":
             const["BLOCK_V"] = min(tun["block_v"], mod.BV)
         else:
-            const["BLOCK_K"] = tun["prologue_block_k"]
+            const["BLOCK_K"] = tun[f"{kind}_block_k"]
         options = {"num_warps": tun[f"{kind}_warps"], "num_stages": tun[f"{kind}_stages"]}
         if t.vendor == "amd":
             options["matrix_instr_nonkdim"] = 16

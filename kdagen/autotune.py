@@ -6,7 +6,7 @@ Each candidate runs in its own process: a config can fault (an illegal address u
 sm_90 for some recurrence configs, docs/perf-notes.md section 2), and a fault poisons the CUDA context
 of the process that hit it. A candidate counts only if its full call first agrees with the float64
 reference on a small ragged batch; then each kernel is timed alone (`triton.testing.do_bench` median)
-on the tuning shapes. The two kernels' knobs are independent, so each is chosen on its own.
+on the tuning shapes. The three kernels' knobs are independent, so each is chosen on its own.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from kdagen.spec.model import TritonTuning
 from kdagen.spec.targets import TARGETS, estimate_triton_smem, next_pow2
 
 PROLOGUE_KNOBS = ("prologue_warps", "prologue_stages", "prologue_block_k")
+WU_KNOBS = ("wu_warps", "wu_stages", "wu_block_k")
 RECURRENCE_KNOBS = ("recurrence_warps", "recurrence_stages", "block_v")
+KNOBS = {"prologue": PROLOGUE_KNOBS, "wu": WU_KNOBS, "recurrence": RECURRENCE_KNOBS}
 DEFAULT_SHAPES = ((12, 4096, 1), (96, 16384, 16))
 CHECK_TOLERANCE = 1e-2  # relative L2 vs float64, the bench's bar (GPU runs measure ~3e-3)
 
@@ -40,12 +42,22 @@ class VariantDims:
 
 
 def prologue_candidates(v: VariantDims) -> list[dict[str, int]]:
-    bound = min(next_pow2(v.head_dim_k), next_pow2(v.head_dim_v))
+    bound = next_pow2(v.head_dim_k)
     out = []
     for warps in (1, 2, 4, 8):
         for stages in (1, 2):
             for block_k in sorted({min(b, bound) for b in (16, 32, 64)}):
                 out.append(dict(prologue_warps=warps, prologue_stages=stages, prologue_block_k=block_k))
+    return out
+
+
+def wu_candidates(v: VariantDims) -> list[dict[str, int]]:
+    bound = min(next_pow2(v.head_dim_k), next_pow2(v.head_dim_v))
+    out = []
+    for warps in (2, 4, 8):
+        for stages in (1, 2):
+            for block_k in sorted({min(b, bound) for b in (32, 64, 128)}):
+                out.append(dict(wu_warps=warps, wu_stages=stages, wu_block_k=block_k))
     return out
 
 
@@ -93,7 +105,7 @@ def measure_in_subprocess(variant: str, target: str, kernel: str, knobs: dict[st
 
 
 def parse_knob_filters(items: Sequence[str]) -> dict[str, set[int]]:
-    names = PROLOGUE_KNOBS + RECURRENCE_KNOBS
+    names = PROLOGUE_KNOBS + WU_KNOBS + RECURRENCE_KNOBS
     out: dict[str, set[int]] = {}
     for item in items:
         name, _, values = item.partition("=")
@@ -107,14 +119,14 @@ def parse_knob_filters(items: Sequence[str]) -> dict[str, set[int]]:
 
 
 def tune(v: VariantDims, target: str, current: dict[str, int], shapes: Sequence[tuple[int, int, int]],
-         measure: Measure = measure_in_subprocess, kernels: Sequence[str] = ("prologue", "recurrence"),
+         measure: Measure = measure_in_subprocess, kernels: Sequence[str] = ("prologue", "wu", "recurrence"),
          log: Callable[[str], None] = print, only: dict[str, set[int]] | None = None) -> dict[str, int]:
     """The best knobs per kernel (the current ones where nothing beats them), merged over `current`."""
     best = dict(current)
     for kernel in kernels:
-        names = PROLOGUE_KNOBS if kernel == "prologue" else RECURRENCE_KNOBS
-        now = {n: current[n] for n in names}
-        cands = prologue_candidates(v) if kernel == "prologue" else recurrence_candidates(v, target)
+        now = {n: current[n] for n in KNOBS[kernel]}
+        cands = {"prologue": lambda: prologue_candidates(v), "wu": lambda: wu_candidates(v),
+                 "recurrence": lambda: recurrence_candidates(v, target)}[kernel]()
         cands = [c for c in cands if all(c[k] in vals for k, vals in (only or {}).items() if k in c)]
         cands = [now] + [c for c in cands if c != now]
         trials = []
@@ -223,9 +235,9 @@ def _worker(job: dict) -> dict:
 
 
 def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=None) -> Callable[[], None]:
-    """One Triton kernel ("prologue" or "recurrence") of a chunk_kda_prefill call, launched alone with
-    `tun`, on a workspace the prologue has filled (so the recurrence walks real values); the recurrence
-    writes `out` (a new tensor if None)."""
+    """One Triton kernel ("prologue", "wu" or "recurrence") of a chunk_kda_prefill call, launched alone
+    with `tun`, on a workspace the kernels before it have filled (so each one reads real values); the
+    recurrence writes `out` (a new tensor if None)."""
     import torch
 
     from kdagen.runtime import triton_path
@@ -233,12 +245,17 @@ def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=N
     q, v = args["q"], args["v"]
     T, H, K = q.shape[1], q.shape[2], q.shape[3]
     ws = triton_path.new_workspace(mod, T, H, ci.shape[0], q.dtype, q.device)
-    pro = dict(q=q, k=args["k"], v=v, raw_g=args["raw_g"], raw_beta=args["raw_beta"], A_log=args["A_log"],
-               g_bias=args["g_bias"], scale=K ** -0.5, lower_bound=args["lower_bound"], use_qk_l2norm=True,
-               cu_seqlens=args["cu_seqlens"], chunk_indices=ci)
-    triton_path.launch_prologue(mod, tun, ws, **pro)
-    if kernel == "prologue":
-        return lambda: triton_path.launch_prologue(mod, tun, ws, **pro)
+    gates = dict(q=q, k=args["k"], raw_g=args["raw_g"], raw_beta=args["raw_beta"], A_log=args["A_log"],
+                 g_bias=args["g_bias"], lower_bound=args["lower_bound"], cu_seqlens=args["cu_seqlens"],
+                 chunk_indices=ci)
+    steps = {
+        "prologue": lambda: triton_path.launch_prologue(mod, tun, ws, **gates, scale=K ** -0.5, use_qk_l2norm=True),
+        "wu": lambda: triton_path.launch_wu(mod, tun, ws, **gates, v=v),
+    }
+    for step in steps.values():
+        step()
+    if kernel in steps:
+        return steps[kernel]
     out = torch.empty_like(v) if out is None else out
     st = triton_path.StateArgs(1, 1, args["initial_state"], torch.empty_like(args["initial_state"]))
     return lambda: triton_path.launch_recurrence(mod, tun, ws, scale=K ** -0.5, cu_seqlens=args["cu_seqlens"],
@@ -252,7 +269,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="Triton variant to time (its spec file's tuning for this GPU's target is written)")
     p.add_argument("--shape", action="append", default=[], metavar="H:T:N",
                    help="tuning shape, repeatable (default: 12:4096:1 and 96:16384:16)")
-    p.add_argument("--kernel", choices=("prologue", "recurrence", "both"), default="both")
+    p.add_argument("--kernel", choices=("prologue", "wu", "recurrence", "all"), default="all")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2",
                    help="only try these values of a knob, repeatable (e.g. prologue_warps=1,2)")
     p.add_argument("--write", action="store_true",
@@ -279,7 +296,7 @@ def _run(args: argparse.Namespace) -> int:
     v = VariantDims(entry.name, entry.head_dim_k, entry.head_dim_v, entry.chunk_size, entry.dtype)
     shapes = [tuple(int(x) for x in s.split(":")) for s in args.shape] or list(DEFAULT_SHAPES)
     current = dict(entry.load().TUNING[target])
-    kernels = ("prologue", "recurrence") if args.kernel == "both" else (args.kernel,)
+    kernels = tuple(KNOBS) if args.kernel == "all" else (args.kernel,)
     try:
         best = tune(v, target, current, shapes, kernels=kernels, only=parse_knob_filters(args.knob))
     except (RuntimeError, ValueError) as exc:

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Time the Triton path's two kernels separately under several launch configs (GPU).
+"""Time the Triton path's three kernels separately under several launch configs (GPU).
 
 Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/profile_triton.py [H:T:N ...]
 Prints, per shape, the whole call and each kernel's median time for every tuning candidate, so a
@@ -21,15 +21,17 @@ from kdagen.runtime.device import target_of
 
 SHAPES = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16), (12, 65536, 1)]
 PRO = [dict(prologue_warps=w, prologue_stages=s, prologue_block_k=bk)
-       for w, s, bk in ((1, 1, 16), (1, 1, 32), (1, 2, 32), (1, 3, 32), (1, 1, 64), (2, 1, 32), (2, 2, 64), (4, 1, 32))]
+       for w, s, bk in ((1, 1, 16), (1, 1, 32), (1, 1, 64), (1, 2, 32), (2, 1, 32), (4, 1, 32))]
+WU = [dict(wu_warps=w, wu_stages=s, wu_block_k=bk)
+      for w, s, bk in ((4, 1, 64), (4, 1, 32), (4, 1, 128), (4, 2, 64), (2, 1, 64), (8, 1, 64), (8, 1, 128))]
 REC = [dict(recurrence_warps=w, recurrence_stages=s, block_v=b)
        # (4, 2, 32) is left out: it faults (illegal address) under triton 3.6 on sm_90, see docs/perf-notes.md.
        for w, s, b in ((8, 2, 64), (4, 2, 64), (8, 1, 64), (8, 2, 32), (4, 1, 32), (8, 2, 128), (4, 1, 16))]
 
 
 def main() -> None:
-    # KDAGEN_PROFILE=prologue or recurrence times only that kernel's candidates.
-    only = os.environ.get("KDAGEN_PROFILE", "")
+    # KDAGEN_PROFILE=prologue, wu or recurrence times only that kernel's candidates.
+    only = set(filter(None, os.environ.get("KDAGEN_PROFILE", "").split(",")))
     shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:]] or SHAPES
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name.endswith("bf16__k128_v128_c64"))
     mod = entry.load()
@@ -42,8 +44,8 @@ def main() -> None:
             lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out),
             return_mode="median")
         print(f"H={H} T={T} N={N}: whole call {full:.3f} ms (spec tuning {base})")
-        for kernel, cands in (("prologue", PRO), ("recurrence", REC)):
-            for c in cands if only in ("", kernel) else []:
+        for kernel, cands in (("prologue", PRO), ("wu", WU), ("recurrence", REC)):
+            for c in cands if not only or kernel in only else []:
                 try:
                     ms = triton.testing.do_bench(kernel_call(mod, {**base, **c}, kernel, args, ci, co),
                                                  return_mode="median")

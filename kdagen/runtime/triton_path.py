@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -11,9 +12,20 @@ import triton
 
 from .device import INTERPRETER, interpreting
 
-# A bounded gate keeps |g| < |lower_bound| per token; up to this bound 8 tokens of decay stay inside
-# fp32's exp2 range, which the prologue's middle-row reference for the diagonal blocks needs.
-SAFE_DIAG_MIN_LOWER_BOUND = -10.0
+# The prologue's diagonal 16 x 16 blocks take their operands relative to the sub-block's mid-point (kernel
+# DIAG_REF). A bounded gate keeps |g| <= |lower_bound| per token, |lower_bound| / ln 2 in the kernel's log2:
+# - DIAG_REF 2 reuses factors that span all 16 rows of a sub-block, so 16 rows of decay must stay a normal
+#   fp32 (exponent >= -126): |lower_bound| <= 125 ln 2 / 16;
+# - DIAG_REF 1 spans 8 rows each way from the mid-point: 8 / ln 2 * |lower_bound| < 126 up to -10;
+# - DIAG_REF 0, exact per-row products in fp32, for softplus gates and larger bounds.
+FACTORED_DIAG_MIN_LOWER_BOUND = -125.0 * math.log(2.0) / 16
+MIDPOINT_DIAG_MIN_LOWER_BOUND = -10.0
+
+
+def diag_ref(lower_bound: float | None) -> int:
+    if lower_bound is None or lower_bound < MIDPOINT_DIAG_MIN_LOWER_BOUND:
+        return 0
+    return 2 if lower_bound >= FACTORED_DIAG_MIN_LOWER_BOUND else 1
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,7 @@ class StateArgs:
 
 @dataclass(frozen=True)
 class Workspace:
-    """What the prologue writes and the recurrence reads (kda-semantics.md 1.4), token-major."""
+    """What the prologue kernels write and the recurrence reads (kda-semantics.md 1.4), token-major."""
 
     qg: torch.Tensor  # [T, H, BK]   q * exp2(G)
     w: torch.Tensor  # [T, H, BK]    T diag(beta) (k * exp2(G))
@@ -38,6 +50,8 @@ class Workspace:
     u: torch.Tensor  # [T, H, BV]    T diag(beta) v
     aqk: torch.Tensor  # [T, H, BT]  tril(Aqk), scale included
     decay: torch.Tensor  # [chunks, H, BK] fp32 exp2(G_last)
+    tinv: torch.Tensor  # [T, H, BT]   (I + Akk)^-1, lower blocks only (kda_prologue -> kda_wu)
+    rnorm: torch.Tensor  # [T, H, 2]   fp32 1/|k|, 1/|q| (kda_prologue -> kda_wu)
 
 
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
@@ -54,30 +68,47 @@ def new_workspace(mod: ModuleType, T: int, H: int, n_chunks: int, io: torch.dtyp
     return Workspace(qg=qg, w=torch.empty_like(qg), kg=torch.empty_like(qg),
                      u=torch.empty(T, H, mod.BV, dtype=io, device=device),
                      aqk=torch.empty(T, H, mod.CHUNK_SIZE, dtype=io, device=device),
-                     decay=torch.empty(max(n_chunks, 1), H, mod.BK, dtype=torch.float32, device=device))
+                     decay=torch.empty(max(n_chunks, 1), H, mod.BK, dtype=torch.float32, device=device),
+                     tinv=torch.empty(T, H, mod.CHUNK_SIZE, dtype=io, device=device),
+                     rnorm=torch.empty(T, H, 2, dtype=torch.float32, device=device))
 
 
-def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, v, raw_g, raw_beta, A_log,
+def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, raw_g, raw_beta, A_log,
                     g_bias, scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens,
                     chunk_indices) -> None:
+    """kda_prologue: aqk, and the inverse and row norms that kda_wu reads."""
     n_chunks, H = chunk_indices.shape[0], q.shape[2]
     if n_chunks == 0 or H == 0:
         return
+    gates = (q, k, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log, cu_seqlens, chunk_indices)
+    flags = dict(LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None, DOT_F32=interpreting())
+    lb = float(lower_bound) if lower_bound is not None else 0.0
+    strides = (q.stride(1), q.stride(2), k.stride(1), k.stride(2))
+    g_strides = (raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2))
     mod.kda_prologue[(n_chunks, H)](
-        q, k, v, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log,
-        cu_seqlens, chunk_indices,
-        ws.qg, ws.w, ws.kg, ws.u, ws.aqk, ws.decay,
-        float(scale), float(lower_bound) if lower_bound is not None else 0.0,
+        *gates, ws.aqk, ws.tinv, ws.rnorm, float(scale), lb, *strides, *g_strides, H,
+        BLOCK_K=tun["prologue_block_k"],  # the spec loader bounds it by the head dims
+        USE_L2NORM=bool(use_qk_l2norm), DIAG_REF=diag_ref(lower_bound), **flags,
+        num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"],
+    )
+
+
+def launch_wu(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, v, raw_g, raw_beta, A_log, g_bias,
+              lower_bound: float | None, cu_seqlens, chunk_indices) -> None:
+    """kda_wu, after kda_prologue: qg, kg, decay, w, u."""
+    n_chunks, H = chunk_indices.shape[0], q.shape[2]
+    if n_chunks == 0 or H == 0:
+        return
+    mod.kda_wu[(n_chunks, H)](
+        q, k, v, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log, cu_seqlens, chunk_indices,
+        ws.tinv, ws.rnorm, ws.qg, ws.w, ws.kg, ws.u, ws.decay,
+        float(lower_bound) if lower_bound is not None else 0.0,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
         H,
-        BLOCK_K=tun["prologue_block_k"],  # the spec loader bounds it by the head dims
-        LOWER_BOUND=lower_bound is not None,
-        HAS_BIAS=g_bias is not None,
-        USE_L2NORM=bool(use_qk_l2norm),
-        SAFE_DIAG=lower_bound is not None and lower_bound >= SAFE_DIAG_MIN_LOWER_BOUND,
+        BLOCK_K=tun["wu_block_k"], LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None,
         DOT_F32=interpreting(),
-        num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"],
+        num_warps=tun["wu_warps"], num_stages=tun["wu_stages"],
     )
 
 
@@ -110,12 +141,13 @@ def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: to
         scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens: torch.Tensor,
         chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, out: torch.Tensor,
         state: StateArgs) -> None:
-    """Run prologue + recurrence for packed [1, T, H, *] inputs, writing `out` and the states in place."""
+    """Run the three kernels for packed [1, T, H, *] inputs, writing `out` and the states in place."""
     _, T, H, _ = q.shape
     tun = tuning_for(mod, target)
     ws = new_workspace(mod, T, H, chunk_indices.shape[0], q.dtype, q.device)
-    launch_prologue(mod, tun, ws, q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias,
-                    scale=scale, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens,
-                    chunk_indices=chunk_indices)
+    gates = dict(q=q, k=k, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias, lower_bound=lower_bound,
+                 cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+    launch_prologue(mod, tun, ws, **gates, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    launch_wu(mod, tun, ws, **gates, v=v)
     launch_recurrence(mod, tun, ws, scale=scale, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, out=out,
                       state=state)

@@ -215,9 +215,9 @@ def _check_tuning_value(name: str, value: int) -> str | None:
         return None if value in WARPS else f"must be one of {', '.join(map(str, WARPS))}"
     if name.endswith("_stages"):
         return None if 1 <= value <= MAX_STAGES else f"must be 1..{MAX_STAGES}"
-    if name == "prologue_block_k":
+    if name in ("prologue_block_k", "wu_block_k"):
         ok = value >= 16 and value & (value - 1) == 0
-        return None if ok else "must be a power of two >= 16 (and <= the smaller padded head dim)"
+        return None if ok else "must be a power of two >= 16 (and <= the padded head dims it slices)"
     if name == "block_v":
         ok = value >= 16 and value & (value - 1) == 0
         return None if ok else "must be a power of two >= 16 (and <= next_pow2(head_dim_v))"
@@ -272,10 +272,11 @@ def _resolve_tuning(backend: str, target: str, head_dim_k: int, head_dim_v: int,
     values = {name: getattr(_TUNING_DEFAULTS, name) for name in _TUNING_FIELDS}
     for layer in (file_layer, variant_layer):
         values.update({n: src.value for n, src in layer.get(backend, {}).get(target, {}).items()})
-    # block_v slices V; prologue_block_k slices K and V (the prologue's u walk uses the same width).
+    # block_v slices V, prologue_block_k K; wu_block_k slices both (kda_wu's u walk uses the same width).
     bounds = {"block_v": (next_pow2(head_dim_v), "next_pow2(head_dim_v)"),
-              "prologue_block_k": (min(next_pow2(head_dim_k), next_pow2(head_dim_v)),
-                                   "min(next_pow2(head_dim_k), next_pow2(head_dim_v))")}
+              "prologue_block_k": (next_pow2(head_dim_k), "next_pow2(head_dim_k)"),
+              "wu_block_k": (min(next_pow2(head_dim_k), next_pow2(head_dim_v)),
+                             "min(next_pow2(head_dim_k), next_pow2(head_dim_v))")}
     for name, (bound, what) in bounds.items():
         if values[name] <= bound:
             continue

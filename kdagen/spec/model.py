@@ -9,11 +9,14 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass(frozen=True)
 class TritonTuning:
-    """Launch knobs of the two Triton kernels for one target."""
+    """Launch knobs of the three Triton kernels for one target."""
 
     prologue_warps: int = 4
     prologue_stages: int = 1
     prologue_block_k: int = 32
+    wu_warps: int = 4
+    wu_stages: int = 1
+    wu_block_k: int = 64
     recurrence_warps: int = 4
     recurrence_stages: int = 2
     block_v: int = 64

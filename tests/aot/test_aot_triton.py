@@ -36,10 +36,13 @@ def _private_triton_cache(tmp_path_factory):
 @pytest.mark.parametrize("e,target", CASES, ids=[f"{e.name}-{t}" for e, t in CASES])
 def test_compiles_for_target(e, target, capsys):
     mod = e.load()
-    # The softplus gate takes the exact diagonal path, the bounded gate the reference-row one; the
-    # paged state mode is the superset of the dense one.
-    reports = compile_variant(mod, target, lower_bound=True, safe_diag=True, state_mode=2)
-    reports += compile_variant(mod, target, lower_bound=False, safe_diag=False, state_mode=1)[:1]
+    # Each diagonal-block mode of the prologue (kdagen.runtime.triton_path.diag_ref: factored and
+    # mid-point for bounded gates, exact per-row for softplus); the paged state mode is the superset of
+    # the dense one.
+    reports = compile_variant(mod, target, lower_bound=True, diag_ref=2, state_mode=2)
+    reports += compile_variant(mod, target, lower_bound=True, diag_ref=1, state_mode=2, kernels=("kda_prologue",))
+    reports += compile_variant(mod, target, lower_bound=False, diag_ref=0, state_mode=1,
+                               kernels=("kda_prologue", "kda_wu"))
     with capsys.disabled():
         for r in reports:
             print("\n  " + r.row(), end="")

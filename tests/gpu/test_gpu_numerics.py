@@ -46,7 +46,9 @@ def test_vllm_shapes_h12(lens):
 
 
 @pytest.mark.parametrize("e", [e for e in kdagen_kernels.VARIANTS if e.backend == "triton"], ids=lambda e: e.name)
-@pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["lower_bound_gate", "softplus_gate"])
+# -5 and -8 take the two matrix-unit forms of the prologue's diagonal blocks, softplus the exact one
+# (kdagen.runtime.triton_path.diag_ref).
+@pytest.mark.parametrize("lower_bound", [-5.0, -8.0, None], ids=["lower_bound_gate", "lower_bound_-8", "softplus_gate"])
 def test_every_variant_ragged(e, lower_bound):
     c = e.chunk_size
     args = make_inputs([3 * c + 7, 0, 1, c, 200], 4, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], DEV,

@@ -2,9 +2,10 @@
 """Numerical robustness of the Triton path (interpreter) against the float64 reference on extreme inputs.
 
 Gates at their limits (a saturated lower-bound sigmoid, a full decay of |lower_bound| per token on both
-sides of the SAFE_DIAG threshold, softplus gates of ~0 and of ~-200 per token), near-duplicate keys
-with beta near 1, and q/k/v scaled by 100 and by 1e-3, for a bf16 and an fp16 variant. Whenever the
-reference is finite the kernel must be too, within tests/kda_cases.TOL.
+sides of each diagonal-block threshold of kdagen.runtime.triton_path.diag_ref, softplus gates of ~0 and
+of ~-200 per token), near-duplicate keys with beta near 1, and q/k/v scaled by 100 and by 1e-3, for a
+bf16 and an fp16 variant. Whenever the reference is finite the kernel must be too, within
+tests/kda_cases.TOL.
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ SCENARIOS = {
     "lower_bound_saturated": (-5.0, 3.0, None),
     # g ~ lower_bound on every channel and token: exp(-320) over a chunk, far below fp32's range.
     "lower_bound_-5_full_decay": (-5.0, 3.0, _shift("raw_g", 10.0)),
-    # The edge of the middle-row reference for the diagonal blocks (SAFE_DIAG holds for >= -10).
+    # Both sides of the factored diagonal blocks' bound (125 ln 2 / 16 = 5.415): the last factored, the
+    # first mid-point one.
+    "lower_bound_-5.41_full_decay": (-5.41, 3.0, _shift("raw_g", 10.0)),
+    "lower_bound_-5.42_full_decay": (-5.42, 3.0, _shift("raw_g", 10.0)),
+    # The edge of the mid-point reference (>= -10).
     "lower_bound_-10_full_decay": (-10.0, 3.0, _shift("raw_g", 10.0)),
     # Past it: the exact per-row diagonal products.
     "lower_bound_-20_full_decay": (-20.0, 3.0, _shift("raw_g", 10.0)),

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from kdagen import autotune
-from kdagen.autotune import (RewriteError, Trial, VariantDims, flow_mapping, prologue_candidates,
+from kdagen.autotune import (RewriteError, Trial, VariantDims, flow_mapping, prologue_candidates, wu_candidates,
                              recurrence_candidates, rewrite_target_tuning, tune)
 from kdagen.spec.load import load_spec_file
 from kdagen.spec.targets import TARGETS, estimate_triton_smem
 
 ROOT = Path(__file__).resolve().parents[2]
 KIMI = VariantDims("kimi", 128, 128, 64, "bf16")
-KNOBS = dict(prologue_warps=2, prologue_stages=1, prologue_block_k=16, recurrence_warps=8,
-             recurrence_stages=1, block_v=32)
+KNOBS = dict(prologue_warps=2, prologue_stages=1, prologue_block_k=16, wu_warps=8, wu_stages=2, wu_block_k=32,
+             recurrence_warps=8, recurrence_stages=1, block_v=32)
 SPEC = textwrap.dedent("""\
     op: kda_chunk_fwd
     # file comment
@@ -51,6 +51,7 @@ def test_rewrite_in_place_keeps_comments_and_other_targets(tmp_path):
                         f"    sm_90:  {flow_mapping(KNOBS)}  # measured on an H200")]
     v = _load(tmp_path, new)
     assert v.tuning_for("sm_90").prologue_block_k == 16 and v.tuning_for("sm_90").block_v == 32
+    assert v.tuning_for("sm_90").wu_warps == 8
     assert v.tuning_for("gfx950").prologue_warps == 4
 
 
@@ -83,7 +84,8 @@ def test_the_project_spec_round_trips(tmp_path):
 
 def test_candidates_respect_the_head_dims_and_shared_memory():
     small = VariantDims("d64", 64, 32, 64, "bf16")
-    assert {c["prologue_block_k"] for c in prologue_candidates(small)} == {16, 32}
+    assert {c["prologue_block_k"] for c in prologue_candidates(small)} == {16, 32, 64}
+    assert {c["wu_block_k"] for c in wu_candidates(small)} == {32}
     assert {c["block_v"] for c in recurrence_candidates(small, "sm_90")} == {16, 32}
     for c in recurrence_candidates(KIMI, "gfx942"):
         smem = estimate_triton_smem(128, 128, 64, "bf16", c["block_v"], c["recurrence_stages"])

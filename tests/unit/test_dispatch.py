@@ -142,3 +142,12 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         kdagen_kernels.chunk_kda_prefill(**_args())
+
+
+def test_diagonal_block_mode_follows_the_gate_bound():
+    from kdagen.runtime.triton_path import diag_ref
+
+    # 16 rows of decay at |lower_bound| / ln 2 per token must stay a normal fp32 for the factored mode.
+    assert [diag_ref(lb) for lb in (-1.0, -5.0, -5.415)] == [2, 2, 2]
+    assert [diag_ref(lb) for lb in (-5.42, -8.0, -10.0)] == [1, 1, 1]
+    assert [diag_ref(lb) for lb in (-10.01, -50.0, None)] == [0, 0, 0]

@@ -325,18 +325,28 @@ def test_prologue_block_k_must_be_a_power_of_two(tmp_path):
     text = GOOD + "    tuning: {triton: {sm_90: {prologue_block_k: 24}}}\n"
     assert errors_of(tmp_path, k=text) == [
         "specs/k.yaml:10: variants[0].tuning.triton.sm_90.prologue_block_k: 24 is out of range: "
-        "must be a power of two >= 16 (and <= the smaller padded head dim)",
+        "must be a power of two >= 16 (and <= the padded head dims it slices)",
     ]
     (tmp_path / "specs" / "k.yaml").write_text(GOOD + "    tuning: {triton: {sm_90: {prologue_block_k: 64}}}\n")
     assert load_specs(tmp_path / "specs", tmp_path)[0].variants[0].tuning_for("sm_90").prologue_block_k == 64
 
 
-def test_prologue_block_k_is_bounded_by_the_smaller_head_dim(tmp_path):
-    # Inherited (built-in 32): clamped for a narrow variant. Given for the variant: an error naming the bound.
+def test_block_k_knobs_are_bounded_by_the_head_dims_they_slice(tmp_path):
+    # Inherited (built-in): clamped for a narrow variant. Given for the variant: an error naming the bound.
+    # prologue_block_k slices K only; wu_block_k slices K and V.
     (spec,) = load_text(tmp_path, GOOD.replace("head_dim_v: 64", "head_dim_v: 16"))
-    assert spec.variants[0].tuning_for("sm_90").prologue_block_k == 16
+    tun = spec.variants[0].tuning_for("sm_90")
+    assert (tun.prologue_block_k, tun.wu_block_k) == (32, 16)
+    (spec,) = load_text(tmp_path, GOOD.replace("head_dim_k: 64", "head_dim_k: 16"))
+    tun = spec.variants[0].tuning_for("sm_90")
+    assert (tun.prologue_block_k, tun.wu_block_k) == (16, 16)
     text = GOOD + "    tuning: {triton: {sm_90: {prologue_block_k: 128}}}\n"
     assert errors_of(tmp_path, k=text) == [
         "specs/k.yaml:10: variants[0].tuning.triton.sm_90.prologue_block_k: 128 exceeds "
-        "min(next_pow2(head_dim_k), next_pow2(head_dim_v)) = 64; use prologue_block_k <= 64",
+        "next_pow2(head_dim_k) = 64; use prologue_block_k <= 64",
+    ]
+    text = GOOD.replace("head_dim_v: 64", "head_dim_v: 32") + "    tuning: {triton: {sm_90: {wu_block_k: 64}}}\n"
+    assert errors_of(tmp_path, k=text) == [
+        "specs/k.yaml:10: variants[0].tuning.triton.sm_90.wu_block_k: 64 exceeds "
+        "min(next_pow2(head_dim_k), next_pow2(head_dim_v)) = 32; use wu_block_k <= 32",
     ]

@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Place time inside the Triton prologue kernels (kda_prologue, kda_wu) without hardware counters (GPU).
+
+Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/ablate_prologue.py [H:T:N ...]
+
+Each row is the generated module with one edit applied to its source (a stage left out, or done another
+way); kda_prologue and kda_wu are timed alone (`triton.testing.do_bench` median) on the same inputs, and
+the difference to the `base` row is what that stage costs (docs/perf-notes.md section 13 has a run).
+Edits that leave a stage out give wrong results by design; the error columns (relative L2 of a small
+ragged call against the float64 reference, on random and on near-duplicate-key inputs) say which rows
+are real candidates.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+import kdagen_kernels
+from kdagen.autotune import kernel_call
+from kdagen.bench import _inputs, make_inputs
+from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+from kdagen.runtime.device import target_of
+
+SHAPES = [(12, 4096, 1), (96, 16384, 16)]
+
+
+def _nth(pattern: str, n: int, repl: str):
+    """Replace only the n-th (0-based) match of `pattern`."""
+    def edit(src: str) -> str:
+        ms = list(re.finditer(pattern, src, flags=re.M))
+        m = ms[n]
+        return src[:m.start()] + m.expand(repl) + src[m.end():]
+    return edit
+
+
+EDITS = {
+    "base": lambda s: s,
+    "diagonal blocks in fp32 (ieee)": lambda s: s.replace(
+        "return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)",
+        'return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")'),
+    "no diagonal blocks": lambda s: s.replace("return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)",
+                                              "return acc"),
+    "no off-diagonal blocks": lambda s: s.replace("return tl.dot(_io(a, DOT_F32), _io(b, DOT_F32), acc)",
+                                                  "return acc"),
+    "no gate activation": lambda s: s.replace("return lower_bound * tl.sigmoid(a * z)", "return lower_bound * z"),
+    "no forward substitution": lambda s: re.sub(r"for r in range\(1, (\d+)\):", r"for r in range(1, 1):", s),
+    "kda_prologue: no slice walk": _nth(r"for kk in range\(0, (\d+), BLOCK_K\):", 0,
+                                        r"for kk in range(0, 0, BLOCK_K):"),
+    "kda_wu: no K walk": _nth(r"for kk in range\(0, (\d+), BLOCK_K\):", 1, r"for kk in range(0, 0, BLOCK_K):"),
+    "kda_wu: no u walk": lambda s: re.sub(r"for vv in range\(0, (\d+), BLOCK_K\):", r"for vv in range(0, 0, BLOCK_K):",
+                                          s),
+}
+
+
+def load_edited(src: str, name: str, tmp: Path):
+    path = tmp / f"ablate_{name}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def error_of(mod, tun, adversarial: bool) -> float:
+    args, ci, co = make_inputs(4, [0, 1, 63, 64, 200, 130], seed=1)
+    if adversarial:
+        # Near-duplicate keys, beta ~0.95, K3-like gate biases (almost no decay): the inverse's hard case.
+        g = torch.Generator(device="cuda").manual_seed(7)
+        k = args["k"].float()
+        args["k"] = (k[:, :1] + 0.05 * k).to(args["q"].dtype)
+        args["raw_beta"] = torch.full_like(args["raw_beta"], 2.95)
+        args["g_bias"] = -7.8 + 6.4 * torch.rand(args["g_bias"].shape, device="cuda", generator=g)
+    ref_o, _ = chunk_kda_prefill_reference(**args)
+    out = torch.full_like(args["v"], float("nan"))
+    kernel_call(mod, tun, "recurrence", args, ci, co, out=out)()
+    return rel_l2(out, ref_o)
+
+
+def main() -> None:
+    shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:]] or SHAPES
+    entry = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k128_v128_c64")
+    src = Path(entry.load().__file__).read_text()
+    tun = dict(entry.load().TUNING[target_of(torch.device("cuda"))])
+    inputs = {s: _inputs(*s) for s in shapes}
+    print(f"kda_prologue + kda_wu ms (do_bench median) per shape, tuning {tun}")
+    print(f"{'edit':32s} {'error':>9s} {'adv. err':>9s} " + " ".join(f"{f'{H}/{T}/{N}':>16s}" for H, T, N in shapes))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, edit) in enumerate(EDITS.items()):
+            new = edit(src)
+            if name != "base" and new == src:
+                print(f"{name:32s} edit did not apply")
+                continue
+            try:
+                mod = load_edited(new, f"v{i}", Path(tmp))
+                err = error_of(mod, tun, False)
+                adv = error_of(mod, tun, True)
+                ms = [[triton.testing.do_bench(kernel_call(mod, tun, kernel, *inputs[s]), return_mode="median")
+                       for kernel in ("prologue", "wu")] for s in shapes]
+                print(f"{name:32s} {err:9.2e} {adv:9.2e} " + " ".join(f"{p:7.3f} +{w:7.3f}" for p, w in ms), flush=True)
+            except Exception as exc:
+                print(f"{name:32s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -80,15 +80,16 @@ def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k
     n_chunks, H = chunk_indices.shape[0], q.shape[2]
     if n_chunks == 0 or H == 0:
         return
-    gates = (q, k, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log, cu_seqlens, chunk_indices)
-    flags = dict(LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None, DOT_F32=interpreting())
-    lb = float(lower_bound) if lower_bound is not None else 0.0
-    strides = (q.stride(1), q.stride(2), k.stride(1), k.stride(2))
-    g_strides = (raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2))
     mod.kda_prologue[(n_chunks, H)](
-        *gates, ws.aqk, ws.tinv, ws.rnorm, float(scale), lb, *strides, *g_strides, H,
+        q, k, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log, cu_seqlens, chunk_indices,
+        ws.aqk, ws.tinv, ws.rnorm,
+        float(scale), float(lower_bound) if lower_bound is not None else 0.0,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2),
+        raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
+        H,
         BLOCK_K=tun["prologue_block_k"],  # the spec loader bounds it by the head dims
-        USE_L2NORM=bool(use_qk_l2norm), DIAG_REF=diag_ref(lower_bound), **flags,
+        LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None, USE_L2NORM=bool(use_qk_l2norm),
+        DIAG_REF=diag_ref(lower_bound), DOT_F32=interpreting(),
         num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"],
     )
 

@@ -26,14 +26,23 @@ def test_make_inputs_builds_the_declared_batch():
     assert all(args[n].float().abs().sum() > 0 for n in ("q", "k", "v", "raw_g", "raw_beta", "initial_state"))
 
 
-def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning():
+def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning(monkeypatch):
     e = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k64_v64_c64")
     mod = e.load()
     args, ci, co = make_inputs(2, [5, 70], K=64, V=64, seed=4, device="cpu")
     tun = dict(triton_path.tuning_for(mod, "interpreter"), prologue_block_k=16, wu_block_k=32)
     ref_o, _ = chunk_kda_prefill_reference(**args)
-    kernel_call(mod, tun, "prologue", args, ci, co)()
-    kernel_call(mod, tun, "wu", args, ci, co)()
+    launched = []
+    for name in ("launch_prologue", "launch_wu", "launch_recurrence"):
+        real = getattr(triton_path, name)
+        monkeypatch.setattr(triton_path, name,
+                            lambda *a, _real=real, _name=name, **kw: (launched.append((_name, a[1])), _real(*a, **kw)))
+    for kernel in ("prologue", "wu"):
+        call = kernel_call(mod, tun, kernel, args, ci, co)
+        launched.clear()
+        call()
+        # The returned callable launches that kernel alone, with the given tuning.
+        assert launched == [(f"launch_{kernel}", tun)]
     out = torch.full_like(args["v"], float("nan"))  # poisoned: an unwritten element fails the check
     kernel_call(mod, tun, "recurrence", args, ci, co, out=out)()
     assert rel_l2(out, ref_o) < 1e-2

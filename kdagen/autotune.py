@@ -73,6 +73,14 @@ def recurrence_candidates(v: VariantDims, target: str) -> list[dict[str, int]]:
     return out
 
 
+def candidates(kernel: str, v: VariantDims, target: str) -> list[dict[str, int]]:
+    if kernel == "prologue":
+        return prologue_candidates(v)
+    if kernel == "wu":
+        return wu_candidates(v)
+    return recurrence_candidates(v, target)
+
+
 @dataclass
 class Trial:
     knobs: dict[str, int]
@@ -125,8 +133,7 @@ def tune(v: VariantDims, target: str, current: dict[str, int], shapes: Sequence[
     best = dict(current)
     for kernel in kernels:
         now = {n: current[n] for n in KNOBS[kernel]}
-        cands = {"prologue": lambda: prologue_candidates(v), "wu": lambda: wu_candidates(v),
-                 "recurrence": lambda: recurrence_candidates(v, target)}[kernel]()
+        cands = candidates(kernel, v, target)
         cands = [c for c in cands if all(c[k] in vals for k, vals in (only or {}).items() if k in c)]
         cands = [now] + [c for c in cands if c != now]
         trials = []

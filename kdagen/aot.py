@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from kdagen.spec.targets import TARGETS
+
 TL_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 
 
@@ -59,13 +61,25 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: in
     rec_sig = {
         "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}", "u_ws": f"*{io}", "aqk_ws": f"*{io}",
         "decay_ws": "*fp32", "o": f"*{io}", "h0": "*fp32", "ht": "*fp32", "state_indices": "*i32",
-        "has_initial_state": "*i1", "cu_seqlens": "*i32", "chunk_offsets": "*i64", "scale": "fp32",
-        **{s: i32 for s in ("so_t", "so_h", "sh0_n", "sh0_h", "sht_n", "sht_h", "H", "n_slots")},
-        "BLOCK_V": "constexpr", "STATE_IN": "constexpr", "STATE_OUT": "constexpr", "DOT_F32": "constexpr",
+        "has_initial_state": "*i1", "cu_seqlens": "*i32", "chunk_offsets": "*i64", "group_op": "*fp32",
+        "group_in": "*fp32", "scale": "fp32",
+        **{s: i32 for s in ("so_t", "so_h", "sh0_n", "sh0_h", "sht_n", "sht_h", "H", "n_slots", "n_seq", "G")},
+        "BLOCK_V": "constexpr", "STATE_IN": "constexpr", "STATE_OUT": "constexpr", "PASS": "constexpr",
+        "DOT_F32": "constexpr",
     }
-    rec_const = {"STATE_IN": state_mode, "STATE_OUT": state_mode, "DOT_F32": False}
-    return {"kda_prologue": (pro_sig, pro_const), "kda_wu": (wu_sig, wu_const),
-            "kda_recurrence": (rec_sig, rec_const)}
+    scan_sig = {
+        "group_op": "*fp32", "group_in": "*fp32", "h0": "*fp32", "state_indices": "*i32", "has_initial_state": "*i1",
+        **{s: i32 for s in ("sh0_n", "sh0_h", "H", "n_slots", "n_seq", "G")},
+        "BLOCK_V": "constexpr", "STATE_IN": "constexpr", "FP32_DOT": "constexpr",
+    }
+    # Report name -> (kernel, signature, constexprs). The recurrence's passes: 0 the plain walk, 1 the group
+    # operators, 2 the walk from scanned start states (runtime/group_scan.py).
+    return {"kda_prologue": ("kda_prologue", pro_sig, pro_const), "kda_wu": ("kda_wu", wu_sig, wu_const),
+            **{name: ("kda_recurrence", rec_sig, {"STATE_IN": state_mode, "STATE_OUT": state_mode, "PASS": p,
+                                                  "DOT_F32": False})
+               for name, p in (("kda_recurrence", 0), ("kda_recurrence_p1", 1), ("kda_recurrence_p2", 2))},
+            "kda_group_scan": ("kda_group_scan", scan_sig, {"STATE_IN": state_mode,
+                                                           "FP32_DOT": TARGETS[target].triton_fp32_dot})}
 
 
 def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
@@ -93,25 +107,29 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kdagen.spec.targets import TARGETS
+    from kdagen.runtime.triton_path import SCAN_ROWS
 
     t = TARGETS[target]
     tun = mod.TUNING[target]
     reports = []
-    for name, (sig, const) in _signatures(mod, target, lower_bound=lower_bound, diag_ref=diag_ref,
-                                          state_mode=state_mode).items():
+    for name, (kernel, sig, const) in _signatures(mod, target, lower_bound=lower_bound, diag_ref=diag_ref,
+                                                  state_mode=state_mode).items():
         if kernels is not None and name not in kernels:
             continue
         const = dict(const)
-        kind = name.removeprefix("kda_")
-        if name == "kda_recurrence":
-            const["BLOCK_V"] = min(tun["block_v"], mod.BV)
+        if kernel == "kda_recurrence":
+            const["BLOCK_V"] = min(tun["block_v"], mod.BV, mod.BK)
+            options = {"num_warps": tun["recurrence_warps"], "num_stages": tun["recurrence_stages"]}
+        elif kernel == "kda_group_scan":
+            const["BLOCK_V"] = min(SCAN_ROWS, mod.BV)
+            options = {"num_warps": 4, "num_stages": 1}
         else:
+            kind = kernel.removeprefix("kda_")
             const["BLOCK_K"] = tun[f"{kind}_block_k"]
-        options = {"num_warps": tun[f"{kind}_warps"], "num_stages": tun[f"{kind}_stages"]}
+            options = {"num_warps": tun[f"{kind}_warps"], "num_stages": tun[f"{kind}_stages"]}
         if t.vendor == "amd":
             options["matrix_instr_nonkdim"] = 16
-        fn = getattr(mod, name)
+        fn = getattr(mod, kernel)
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
                            target=GPUTarget(t.triton_backend, t.triton_arch, t.warp_size), options=options)
         rep = KernelReport(kernel=name, target=target, shared=int(k.metadata.shared))

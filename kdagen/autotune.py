@@ -248,6 +248,7 @@ def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=N
     import torch
 
     from kdagen.runtime import triton_path
+    from kdagen.runtime.device import INTERPRETER, target_of
 
     q, v = args["q"], args["v"]
     T, H, K = q.shape[1], q.shape[2], q.shape[3]
@@ -265,8 +266,11 @@ def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=N
         return steps[kernel]
     out = torch.empty_like(v) if out is None else out
     st = triton_path.StateArgs(1, 1, args["initial_state"], torch.empty_like(args["initial_state"]))
-    return lambda: triton_path.launch_recurrence(mod, tun, ws, scale=K ** -0.5, cu_seqlens=args["cu_seqlens"],
-                                                 chunk_offsets=co, out=out, state=st)
+    groups = triton_path.recurrence_groups(mod, tun, args["cu_seqlens"].numel() - 1, H, ci.shape[0], q.device)
+    target = target_of(q.device) if q.is_cuda else INTERPRETER
+    return lambda: triton_path.launch_recurrence(mod, tun, ws, target=target, scale=K ** -0.5,
+                                                 cu_seqlens=args["cu_seqlens"], chunk_offsets=co, out=out, state=st,
+                                                 groups=groups)
 
 
 # -------------------------------------------------------------------------------------------- command

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which kdagen target the current device is. The only module (with cache.py) that reads env vars."""
+"""Which kdagen target the current device is, and the env switches (group_scan.py and cache.py read their own)."""
 
 from __future__ import annotations
 

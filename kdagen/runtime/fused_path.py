@@ -9,33 +9,17 @@ mistake is an exception here and never an out-of-bounds access on the device.
 
 from __future__ import annotations
 
-import functools
-import math
-import os
 from pathlib import Path
 
 import torch
 
 from .device import target_of
+from .group_scan import check_groups, choose_groups, env_groups, sm_count
 from .jit_hip import HipLibrary, TargetMismatchError, load_library
 
 CHUNK = 64
 OP = "run_fused"
-MAX_GROUPS = 32  # the cost model's largest choice
-MAX_FORCED_GROUPS = 1024  # an explicit count (argument or env): bounds the grid and the group workspace
 GROUPS_ENV = "KDAGEN_FUSED_GROUPS"
-# One group-scan step (a [16, K] x [K, K] fp32 product per block) in units of one chunk step of the walk.
-_SCAN_STEP = 0.5
-
-# Note [Group count]
-# A block walks its sequence's chunks one after another, so with few (sequence, head, V slice) blocks
-# most SMs idle (one 64K-token sequence with 12 heads: 24 blocks on 132 SMs). G > 1 groups split each
-# walk: pass 1 runs G - 1 groups on V + K rows (B_g and the transfer operator M_g), the scan composes
-# the start states, pass 2 runs G groups on V rows; each walks ceil(chunks / G) chunks. choose_groups
-# models the time as waves of resident blocks x chunk steps per wave and takes the cheapest G; G = 1 is
-# the plain walk. Rounding differs between group counts (M_g is applied in fp32, the walk rounds its
-# bf16 operands per chunk), so bit-reproducible checkpoints across differently cut prefills need a
-# fixed G: KDAGEN_FUSED_GROUPS=1 pins it.
 
 
 def variant_name(head_dim_k: int, head_dim_v: int, dtype: str = "bf16", chunk: int = CHUNK) -> str:
@@ -58,38 +42,8 @@ def load_fused(package_dir: Path, head_dim_k: int, head_dim_v: int, target: str,
     return load_library(src, target, variant=f"{variant_name(head_dim_k, head_dim_v, dtype)}")
 
 
-def choose_groups(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
-                  blocks_per_sm: int) -> int:
-    """The group count of the recurrence walk; see Note [Group count]."""
-    if num_seqs <= 0 or total_chunks <= 0:
-        return 1
-    cap = max(sms * blocks_per_sm, 1)
-    per_seq = -(-total_chunks // num_seqs)
-    base = num_seqs * H * (V // v_slice)  # pass-2 blocks per group
-
-    def cost(g: int) -> float:
-        steps = -(-per_seq // g)
-        c = math.ceil(base * g / cap) * steps
-        if g > 1:
-            c += math.ceil(base * (V + K) / V * (g - 1) / cap) * steps + g * _SCAN_STEP
-        return c
-
-    cands = [1] + [g for g in (2, 3, 4, 6, 8, 12, 16, 24, MAX_GROUPS) if 2 * g <= per_seq]
-    return min(cands, key=lambda g: (cost(g), g))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _env_groups() -> int | None:
-    raw = os.environ.get(GROUPS_ENV, "").strip()
-    if not raw or raw == "auto":
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{GROUPS_ENV}={raw!r}: expected a positive integer (1 = the plain walk) or 'auto'")
-    return int(raw)
+    return env_groups(GROUPS_ENV)
 
 
 def group_workspace_numel(groups: int, num_seqs: int, H: int, K: int, V: int) -> int:
@@ -136,7 +90,7 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     when the index tensors already have the kernels' dtypes (cu_seqlens/chunk_indices int32,
     chunk_offsets int64, state/checkpoint indices and offsets int32).
 
-    `groups`: the recurrence's group count (Note [Group count]); None = KDAGEN_FUSED_GROUPS or the
+    `groups`: the recurrence's group count (Note [Group count] in group_scan.py); None = KDAGEN_FUSED_GROUPS or the
     cost model's choice.
     """
     dev = q.device
@@ -211,11 +165,9 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if groups is None:
         groups = _env_groups()
     if groups is None:
-        groups = choose_groups(N, H, n_chunks, K, V, lib.v_slice, _sm_count(dev.index or 0),
+        groups = choose_groups(N, H, n_chunks, K, V, lib.v_slice, sm_count(dev.index or 0),
                                lib.recurrence_blocks_per_sm())
-    _req(isinstance(groups, int) and 1 <= groups <= MAX_FORCED_GROUPS,
-         f"groups must be an int in 1..{MAX_FORCED_GROUPS} (more groups than chunks only adds empty ones), "
-         f"got {groups!r}")
+    groups = check_groups(groups, OP)
     gws = torch.empty(group_workspace_numel(groups, N, H, K, V), dtype=torch.float32, device=dev) \
         if groups > 1 else None
     stream = torch.cuda.current_stream(dev).cuda_stream

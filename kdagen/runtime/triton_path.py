@@ -11,6 +11,20 @@ import torch
 import triton
 
 from .device import INTERPRETER, interpreting
+from ..spec.targets import TARGETS
+from .group_scan import check_groups, choose_groups, env_groups, sm_count
+
+OP = "chunk_kda_prefill (triton)"
+GROUPS_ENV = "KDAGEN_TRITON_GROUPS"
+# The group count's cost model (Note [Group count]), fitted to CUDA-graph timings of whole calls on an
+# H200 at 12 heads and 4K, 16K and 64K tokens (docs/perf-notes.md section 14), where it picks the measured
+# best G (4, 4, 16): resident programs share an SM's time (one per SM in the model), a pass-1 step (two
+# products, no output, co-resident with pass 2's tail) weighs 0.2 of a pass-2 step, a scan step 2.5
+# (its launch included).
+RECURRENCE_PROGRAMS_PER_SM = 1
+PASS1_STEP, SCAN_STEP = 0.2, 2.5
+# kda_group_scan: state rows per program (tl.dot's smallest tile).
+SCAN_ROWS = 16
 
 # The prologue's diagonal 16 x 16 blocks take their operands relative to the sub-block's mid-point (kernel
 # DIAG_REF). A bounded gate keeps |g| <= |lower_bound| per token, |lower_bound| / ln 2 in the kernel's log2:
@@ -113,28 +127,76 @@ def launch_wu(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, v, r
     )
 
 
-def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, scale: float, cu_seqlens,
-                      chunk_offsets, out: torch.Tensor, state: StateArgs) -> None:
+def recurrence_groups(mod: ModuleType, tun: dict[str, int], n_seq: int, H: int, n_chunks: int,
+                      device: torch.device) -> int:
+    """KDAGEN_TRITON_GROUPS, else the cost model's count (1 under the interpreter: no SMs to fill)."""
+    forced = env_groups(GROUPS_ENV)
+    if forced is not None:
+        return check_groups(forced, OP)
+    if device.type != "cuda":
+        return 1
+    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    v_slice = min(tun["block_v"], mod.BV)
+    if n_seq * H * triton.cdiv(mod.HEAD_DIM_V, v_slice) >= sms:
+        # One plain-walk program per SM or more: splitting only adds work (measured at H=96 T=65536 N=1,
+        # 192 programs: G=2 is 3% slower than G=1, which the fitted model does not see).
+        return 1
+    return choose_groups(n_seq, H, n_chunks, mod.HEAD_DIM_K, mod.HEAD_DIM_V, v_slice, sms,
+                         RECURRENCE_PROGRAMS_PER_SM, pass1_step=PASS1_STEP, scan_step=SCAN_STEP)
+
+
+def fp32_dot(target: str) -> str:
+    return "ieee" if target == INTERPRETER or target not in TARGETS else TARGETS[target].triton_fp32_dot
+
+
+def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, target: str, scale: float,
+                      cu_seqlens, chunk_offsets, out: torch.Tensor, state: StateArgs, groups: int = 1) -> None:
+    """The state walk and the output: one pass (groups = 1), or pass 1, kda_group_scan and pass 2."""
     n_seq, H, V = cu_seqlens.numel() - 1, out.shape[2], out.shape[3]
     if n_seq == 0 or H == 0:
         return
-    block_v = min(tun["block_v"], mod.BV)
+    groups = check_groups(groups, OP)
+    BK, BV = mod.BK, mod.BV
+    block_v = min(tun["block_v"], BV, BK)  # divides BV + BK too: pass 1's rows
     h0 = state.h0 if state.h0 is not None else ws.decay  # any valid pointer when unused
     ht = state.ht if state.ht is not None else ws.decay
     idx = state.state_indices if state.state_indices is not None else cu_seqlens
     flag = state.has_initial_state if state.has_initial_state is not None else cu_seqlens
-    mod.kda_recurrence[(n_seq * H, triton.cdiv(V, block_v))](
-        ws.qg, ws.w, ws.kg, ws.u, ws.aqk, ws.decay,
-        out, h0, ht, idx, flag,
-        cu_seqlens, chunk_offsets,
-        float(scale),
-        out.stride(1), out.stride(2),
-        h0.stride(0) if state.h0 is not None else 0, h0.stride(1) if state.h0 is not None else 0,
-        ht.stride(0) if state.ht is not None else 0, ht.stride(1) if state.ht is not None else 0,
-        H, state.ht.shape[0] if state.mode_out == 2 and state.ht is not None else 0,
-        BLOCK_V=block_v, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, DOT_F32=interpreting(),
-        num_warps=tun["recurrence_warps"], num_stages=tun["recurrence_stages"],
+    sh0 = (h0.stride(0), h0.stride(1)) if state.h0 is not None else (0, 0)
+    sht = (ht.stride(0), ht.stride(1)) if state.ht is not None else (0, 0)
+    n_slots = state.ht.shape[0] if state.mode_out == 2 and state.ht is not None else \
+        state.h0.shape[0] if state.mode_in == 2 and state.h0 is not None else 0
+    # Group workspaces (fp32): pass 1's operator rows [G - 1, N, H, BV + BK, BK] (B_g, then M_g) and the
+    # scanned start states [G, N, H, BV, BK].
+    group_op = group_in = ws.decay
+    if groups > 1:
+        group_op = torch.empty(groups - 1, n_seq, H, BV + BK, BK, dtype=torch.float32, device=out.device)
+        group_in = torch.empty(groups, n_seq, H, BV, BK, dtype=torch.float32, device=out.device)
+
+    def walk(pass_: int, rows: int, grid_groups: int) -> None:
+        mod.kda_recurrence[(n_seq * H, triton.cdiv(rows, block_v), grid_groups)](
+            ws.qg, ws.w, ws.kg, ws.u, ws.aqk, ws.decay,
+            out, h0, ht, idx, flag,
+            cu_seqlens, chunk_offsets, group_op, group_in,
+            float(scale),
+            out.stride(1), out.stride(2), *sh0, *sht,
+            H, n_slots, n_seq, groups,
+            BLOCK_V=block_v, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, PASS=pass_,
+            DOT_F32=interpreting(),
+            num_warps=tun["recurrence_warps"], num_stages=tun["recurrence_stages"],
+        )
+
+    if groups == 1:
+        walk(0, V, 1)
+        return
+    walk(1, BV + BK, groups - 1)
+    mod.kda_group_scan[(n_seq * H, triton.cdiv(BV, min(SCAN_ROWS, BV)))](
+        group_op, group_in, h0, idx, flag, *sh0,
+        H, n_slots, n_seq, groups,
+        BLOCK_V=min(SCAN_ROWS, BV), STATE_IN=state.mode_in, FP32_DOT=fp32_dot(target),
+        num_warps=4, num_stages=1,
     )
+    walk(2, V, groups)
 
 
 def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -145,10 +207,12 @@ def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: to
     """Run the three kernels for packed [1, T, H, *] inputs, writing `out` and the states in place."""
     _, T, H, _ = q.shape
     tun = tuning_for(mod, target)
+    # Before any launch: a bad KDAGEN_TRITON_GROUPS must fail before anything is written.
+    groups = recurrence_groups(mod, tun, cu_seqlens.numel() - 1, H, chunk_indices.shape[0], q.device)
     ws = new_workspace(mod, T, H, chunk_indices.shape[0], q.dtype, q.device)
     gates = dict(q=q, k=k, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias, lower_bound=lower_bound,
                  cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     launch_prologue(mod, tun, ws, **gates, scale=scale, use_qk_l2norm=use_qk_l2norm)
     launch_wu(mod, tun, ws, **gates, v=v)
-    launch_recurrence(mod, tun, ws, scale=scale, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, out=out,
-                      state=state)
+    launch_recurrence(mod, tun, ws, target=target, scale=scale, cu_seqlens=cu_seqlens,
+                      chunk_offsets=chunk_offsets, out=out, state=state, groups=groups)

@@ -23,6 +23,9 @@ class Target:
     devices: str
     verified: str  # how this target is verified on the project's machines
     hip_v_slice: int  # V rows per fused recurrence block (multiple of 16; bounded by the block's LDS)
+    # tl.dot input_precision for products that must keep fp32 accuracy (the group scan): NVIDIA's fp32
+    # "ieee" dot runs on FMA units and spills; tf32x3 runs on the tensor cores. CDNA has fp32 MFMA.
+    triton_fp32_dot: str
 
 
 TARGETS: dict[str, Target] = {
@@ -30,16 +33,19 @@ TARGETS: dict[str, Target] = {
         name="gfx942", vendor="amd", triton_backend="hip", triton_arch="gfx942", warp_size=64,
         smem_per_block=64 * 1024, matrix_units="MFMA 16x16x16 bf16",
         devices="MI300X, MI325X", verified="offline compile only (Triton AOT)", hip_v_slice=32,
+        triton_fp32_dot="ieee",
     ),
     "gfx950": Target(
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
         smem_per_block=160 * 1024, matrix_units="MFMA 16x16x32 bf16",
         devices="MI350X, MI355X", verified="offline compile only (Triton AOT)", hip_v_slice=64,
+        triton_fp32_dot="ieee",
     ),
     "sm_90": Target(
         name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
         smem_per_block=227 * 1024, matrix_units="mma.sync / wgmma",
         devices="H100, H200", verified="offline compile (Triton AOT) and run on an H200", hip_v_slice=64,
+        triton_fp32_dot="tf32x3",
     ),
 }
 

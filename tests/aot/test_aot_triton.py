@@ -38,7 +38,7 @@ def test_compiles_for_target(e, target, capsys):
     mod = e.load()
     # Each diagonal-block mode of the prologue (kdagen.runtime.triton_path.diag_ref: factored and
     # mid-point for bounded gates, exact per-row for softplus); the paged state mode is the superset of
-    # the dense one.
+    # the dense one. The first call compiles every kernel, the recurrence's group-scan passes included.
     reports = compile_variant(mod, target, lower_bound=True, diag_ref=2, state_mode=2)
     reports += compile_variant(mod, target, lower_bound=True, diag_ref=1, state_mode=2, kernels=("kda_prologue",))
     reports += compile_variant(mod, target, lower_bound=False, diag_ref=0, state_mode=1,

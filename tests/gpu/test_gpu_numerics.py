@@ -98,6 +98,33 @@ def test_state_cache_in_place():
         assert torch.equal(cache[r], before[r])
 
 
+@pytest.mark.parametrize("groups", ["1", "2", "7", "32"])
+def test_group_counts_match_reference(monkeypatch, groups):
+    # The two-pass walk at forced group counts (auto picks G > 1 for the [1024] and [4096] shapes above),
+    # with a paged state cache: ragged groups, more groups than a sequence has chunks, T = 0 and T = 1.
+    monkeypatch.setenv("KDAGEN_TRITON_GROUPS", groups)
+    args = make_inputs([2000, 0, 1, 700, 64], 12, 128, 128, torch.bfloat16, DEV, seed=31)
+    h0 = args.pop("initial_state")
+    args.pop("output_final_state")
+    cache = torch.randn(8, 12, 128, 128, device=DEV)
+    rows = torch.tensor([6, 0, 2, 3, 5], dtype=torch.int32, device=DEV)
+    flags = torch.tensor([True, True, False, True, False], device=DEV)
+    cache[rows.long()] = h0
+    cache[2] = float("nan")
+    before = cache.clone()
+    ref_cache = cache.clone()
+    ref_o, _ = chunk_kda_prefill_reference(**args, state_cache=ref_cache, state_indices=rows,
+                                           has_initial_state=flags)
+    o, _ = kdagen_kernels.chunk_kda_prefill(**args, state_cache=cache, state_indices=rows, has_initial_state=flags,
+                                            out=poisoned_out(args["v"]))
+    eo = check(f"G={groups} output", o, ref_o, TOL[("gpu", "o")])
+    es = max(check(f"G={groups} cache row {r}", cache[r], ref_cache[r].float(), TOL[("gpu", "state")])
+             for r in (6, 0, 2, 3, 5))
+    print(f"\n  G={groups}: rel L2 output {eo:.2e}, worst state row {es:.2e}", end="")
+    for r in (1, 4, 7):
+        assert torch.equal(cache[r], before[r])
+
+
 def test_device_metadata_and_graph_capture_equal_eager():
     args = make_inputs([513, 64, 1, 1200], 12, 128, 128, torch.bfloat16, DEV, seed=8)
     ci, co = kdagen_kernels.prepare_chunk_metadata_device(args["cu_seqlens"], args["cu_seqlens"].cpu(), 64)

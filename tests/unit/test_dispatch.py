@@ -7,6 +7,7 @@ Errors are raised before any kernel runs, so these tests need neither a GPU nor 
 from __future__ import annotations
 
 import inspect
+import types
 
 import pytest
 import torch
@@ -151,3 +152,52 @@ def test_diagonal_block_mode_follows_the_gate_bound():
     assert [diag_ref(lb) for lb in (-1.0, -5.0, -5.415)] == [2, 2, 2]
     assert [diag_ref(lb) for lb in (-5.42, -8.0, -10.0)] == [1, 1, 1]
     assert [diag_ref(lb) for lb in (-10.01, -50.0, None)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(("N", "H", "chunks", "want"), [
+    # one sequence of 4K, 16K and 64K tokens: the measured best on the H200 (perf-notes section 14)
+    (1, 12, 64, 4),
+    (1, 12, 256, 4),
+    (1, 12, 1024, 16),
+    (4, 12, 1024, 1),    # 96 programs already: splitting costs more than it frees
+    (16, 96, 4096, 1),
+    (1, 12, 1, 1),
+    (0, 12, 0, 1),
+])
+def test_triton_group_count(N, H, chunks, want):
+    from kdagen.runtime import triton_path
+    from kdagen.runtime.group_scan import choose_groups
+
+    assert choose_groups(N, H, chunks, 128, 128, 64, 132, triton_path.RECURRENCE_PROGRAMS_PER_SM,
+                         pass1_step=triton_path.PASS1_STEP, scan_step=triton_path.SCAN_STEP) == want
+
+
+def test_triton_group_count_keeps_full_gpus_on_one_walk(monkeypatch):
+    from kdagen.runtime import triton_path
+
+    monkeypatch.delenv(triton_path.GROUPS_ENV, raising=False)
+    monkeypatch.setattr(triton_path, "sm_count", lambda index: 132)
+    mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BV=128)
+    cuda = torch.device("cuda", 0)
+    # H200 graph timings (perf-notes section 14): 32 heads on one 64K sequence gain from G=2, 96 do not.
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 32, 1024, cuda) == 2
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 96, 1024, cuda) == 1
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda) == 4
+
+
+def test_triton_group_count_env_and_cpu(monkeypatch):
+    from kdagen.runtime import triton_path
+
+    mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BV=128)
+    tun = {"block_v": 64}
+    monkeypatch.delenv(triton_path.GROUPS_ENV, raising=False)
+    # The interpreter has no SMs to fill: always the plain walk unless forced.
+    assert triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu")) == 1
+    monkeypatch.setenv(triton_path.GROUPS_ENV, "7")
+    assert triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu")) == 7
+    monkeypatch.setenv(triton_path.GROUPS_ENV, "5000")
+    with pytest.raises(ValueError, match=r"groups must be an int in 1\.\.1024"):
+        triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu"))
+    monkeypatch.setenv(triton_path.GROUPS_ENV, "two")
+    with pytest.raises(ValueError, match="KDAGEN_TRITON_GROUPS='two': expected a positive integer"):
+        triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu"))

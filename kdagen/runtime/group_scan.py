@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How many groups the recurrence's walk is cut into: the cost model both paths share (Note [Group count])."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+MAX_GROUPS = 32  # the cost model's largest choice
+MAX_FORCED_GROUPS = 1024  # an explicit count (argument or env): bounds the grid and the group workspace
+# One group-scan step (a [16, K] x [K, K] fp32 product per block) in units of one chunk step of the walk
+# (the fused path's; the Triton path passes its own measured costs).
+_SCAN_STEP = 0.5
+
+# Note [Group count]
+# A block walks its sequence's chunks one after another, so with few (sequence, head, V slice) blocks
+# most SMs idle (one 64K-token sequence with 12 heads: 24 blocks on 132 SMs). G > 1 groups split each
+# walk: pass 1 runs G - 1 groups on V + K rows (B_g and the transfer operator M_g), the scan composes
+# the start states, pass 2 runs G groups on V rows; each walks ceil(chunks / G) chunks. choose_groups
+# models the time as waves of resident blocks x chunk steps per wave and takes the cheapest G; G = 1 is
+# the plain walk. Rounding differs between group counts (M_g is applied in fp32, the walk rounds its
+# bf16 operands per chunk), so bit-reproducible checkpoints across differently cut prefills need a
+# fixed G: the path's env var (KDAGEN_FUSED_GROUPS, KDAGEN_TRITON_GROUPS) set to 1 pins it.
+
+
+def choose_groups(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
+                  blocks_per_sm: int, *, pass1_step: float = 1.0, scan_step: float = _SCAN_STEP) -> int:
+    """The group count of the recurrence walk; see Note [Group count]. `pass1_step` and `scan_step`: a
+    pass-1 chunk step and a scan step in units of a pass-2 chunk step."""
+    if num_seqs <= 0 or total_chunks <= 0:
+        return 1
+    cap = max(sms * blocks_per_sm, 1)
+    per_seq = -(-total_chunks // num_seqs)
+    base = num_seqs * H * -(-V // v_slice)  # pass-2 blocks per group
+
+    def cost(g: int) -> float:
+        steps = -(-per_seq // g)
+        c = math.ceil(base * g / cap) * steps
+        if g > 1:
+            c += math.ceil(base * (V + K) / V * (g - 1) / cap) * steps * pass1_step + g * scan_step
+        return c
+
+    cands = [1] + [g for g in (2, 3, 4, 6, 8, 12, 16, 24, MAX_GROUPS) if 2 * g <= per_seq]
+    return min(cands, key=lambda g: (cost(g), g))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def env_groups(name: str) -> int | None:
+    """An explicit group count from env var `name`; None when unset or "auto"."""
+    raw = os.environ.get(name, "").strip()
+    if not raw or raw == "auto":
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r}: expected a positive integer (1 = the plain walk) or 'auto'")
+    return int(raw)
+
+
+def check_groups(groups: object, op: str) -> int:
+    if not (isinstance(groups, int) and not isinstance(groups, bool) and 1 <= groups <= MAX_FORCED_GROUPS):
+        raise ValueError(f"{op}: groups must be an int in 1..{MAX_FORCED_GROUPS} (more groups than chunks only "
+                         f"adds empty ones), got {groups!r}")
+    return groups

@@ -69,6 +69,7 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: in
     }
     scan_sig = {
         "group_op": "*fp32", "group_in": "*fp32", "h0": "*fp32", "state_indices": "*i32", "has_initial_state": "*i1",
+        "cu_seqlens": "*i32",
         **{s: i32 for s in ("sh0_n", "sh0_h", "H", "n_slots", "n_seq", "G")},
         "BLOCK_V": "constexpr", "STATE_IN": "constexpr", "FP32_DOT": "constexpr",
     }
@@ -117,8 +118,8 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
         if kernels is not None and name not in kernels:
             continue
         const = dict(const)
-        if kernel == "kda_recurrence":
-            const["BLOCK_V"] = min(tun["block_v"], mod.BV, mod.BK)
+        if kernel == "kda_recurrence":  # pass 1's row slices also divide BK (triton_path.launch_recurrence)
+            const["BLOCK_V"] = min(tun["block_v"], mod.BV, *((mod.BK,) if const["PASS"] == 1 else ()))
             options = {"num_warps": tun["recurrence_warps"], "num_stages": tun["recurrence_stages"]}
         elif kernel == "kda_group_scan":
             const["BLOCK_V"] = min(SCAN_ROWS, mod.BV)

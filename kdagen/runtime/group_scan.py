@@ -10,7 +10,7 @@ import os
 import torch
 
 MAX_GROUPS = 32  # the cost model's largest choice
-MAX_FORCED_GROUPS = 1024  # an explicit count (argument or env): bounds the grid and the group workspace
+MAX_FORCED_GROUPS = 1024  # an explicit count (argument or env): bounds the grid's group dimension
 # One group-scan step (a [16, K] x [K, K] fp32 product per block) in units of one chunk step of the walk
 # (the fused path's; the Triton path passes its own measured costs).
 _SCAN_STEP = 0.5

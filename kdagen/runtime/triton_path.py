@@ -157,7 +157,7 @@ def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, ta
         return
     groups = check_groups(groups, OP)
     BK, BV = mod.BK, mod.BV
-    block_v = min(tun["block_v"], BV, BK)  # divides BV + BK too: pass 1's rows
+    block_v = min(tun["block_v"], BV)
     h0 = state.h0 if state.h0 is not None else ws.decay  # any valid pointer when unused
     ht = state.ht if state.ht is not None else ws.decay
     idx = state.state_indices if state.state_indices is not None else cu_seqlens
@@ -173,30 +173,31 @@ def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, ta
         group_op = torch.empty(groups - 1, n_seq, H, BV + BK, BK, dtype=torch.float32, device=out.device)
         group_in = torch.empty(groups, n_seq, H, BV, BK, dtype=torch.float32, device=out.device)
 
-    def walk(pass_: int, rows: int, grid_groups: int) -> None:
-        mod.kda_recurrence[(n_seq * H, triton.cdiv(rows, block_v), grid_groups)](
+    def walk(pass_: int, rows: int, grid_groups: int, block: int) -> None:
+        mod.kda_recurrence[(n_seq * H, triton.cdiv(rows, block), grid_groups)](
             ws.qg, ws.w, ws.kg, ws.u, ws.aqk, ws.decay,
             out, h0, ht, idx, flag,
             cu_seqlens, chunk_offsets, group_op, group_in,
             float(scale),
             out.stride(1), out.stride(2), *sh0, *sht,
             H, n_slots, n_seq, groups,
-            BLOCK_V=block_v, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, PASS=pass_,
+            BLOCK_V=block, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, PASS=pass_,
             DOT_F32=interpreting(),
             num_warps=tun["recurrence_warps"], num_stages=tun["recurrence_stages"],
         )
 
     if groups == 1:
-        walk(0, V, 1)
+        walk(0, V, 1, block_v)
         return
-    walk(1, BV + BK, groups - 1)
+    # Pass 1's row slices must not straddle the state / transfer boundary at BV: a block dividing BV and BK.
+    walk(1, BV + BK, groups - 1, min(block_v, BK))
     mod.kda_group_scan[(n_seq * H, triton.cdiv(BV, min(SCAN_ROWS, BV)))](
-        group_op, group_in, h0, idx, flag, *sh0,
+        group_op, group_in, h0, idx, flag, cu_seqlens, *sh0,
         H, n_slots, n_seq, groups,
         BLOCK_V=min(SCAN_ROWS, BV), STATE_IN=state.mode_in, FP32_DOT=fp32_dot(target),
         num_warps=4, num_stages=1,
     )
-    walk(2, V, groups)
+    walk(2, V, groups, block_v)
 
 
 def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

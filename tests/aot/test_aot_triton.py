@@ -53,3 +53,7 @@ def test_compiles_for_target(e, target, capsys):
             assert r.scratch is not None
         else:
             assert r.mma, f"{r.kernel}: no tensor-core instruction on {target}"
+    # The group scan's fp32-accurate products: fp32 MFMA on CDNA, tf32 (x3) tensor cores on sm_90.
+    scan = next(r for r in reports if r.kernel == "kda_group_scan")
+    want = "v_mfma_f32_16x16x4_f32" if TARGETS[target].vendor == "amd" else ".tf32.tf32."
+    assert any(want in m for m in scan.mma), f"kda_group_scan on {target}: no {want} in {sorted(set(scan.mma))}"

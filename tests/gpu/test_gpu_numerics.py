@@ -123,6 +123,18 @@ def test_group_counts_match_reference(monkeypatch, groups):
     print(f"\n  G={groups}: rel L2 output {eo:.2e}, worst state row {es:.2e}", end="")
     for r in (1, 4, 7):
         assert torch.equal(cache[r], before[r])
+    # The T = 0 sequence (row 0, flag set) passes its initial state through bit for bit: empty groups
+    # are skipped by the scan, not multiplied by I on tf32x3.
+    assert torch.equal(cache[0], before[0])
+
+
+@pytest.mark.parametrize("e", [e for e in kdagen_kernels.VARIANTS if e.backend == "triton"], ids=lambda e: e.name)
+def test_every_variant_group_scan(monkeypatch, e):
+    # Every variant (K != V, fp16, K = 64) through the grouped walk: auto keeps G = 1 on these small batches.
+    monkeypatch.setenv("KDAGEN_TRITON_GROUPS", "3")
+    c = e.chunk_size
+    args = make_inputs([5 * c + 7, 0, 1, c, 200], 4, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], DEV, seed=12)
+    _run_and_check(args, TOL[("gpu", "o")], TOL[("gpu", "state")], f"{e.name} G=3")
 
 
 def test_device_metadata_and_graph_capture_equal_eager():

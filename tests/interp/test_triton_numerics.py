@@ -175,6 +175,17 @@ def test_group_scan_matches_reference(monkeypatch, groups):
     _run(e, args)
 
 
+def test_group_scan_k_ne_v(monkeypatch):
+    monkeypatch.setenv("KDAGEN_TRITON_GROUPS", "3")
+    e = max(TRITON, key=lambda e: (e.head_dim_v - e.head_dim_k, e.dtype == "bf16"))
+    assert e.head_dim_k != e.head_dim_v
+    c = e.chunk_size
+    args = make_inputs([2 * c + 9, 0, 1], 1, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", seed=23)
+    _, s = _run(e, args)
+    # The T = 0 sequence's final state is its initial state, bit for bit, through the grouped walk.
+    assert torch.equal(s[1], args["initial_state"][1])
+
+
 def test_group_scan_state_cache_in_place(monkeypatch):
     monkeypatch.setenv("KDAGEN_TRITON_GROUPS", "3")
     e = _small()

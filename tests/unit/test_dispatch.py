@@ -201,3 +201,30 @@ def test_triton_group_count_env_and_cpu(monkeypatch):
     monkeypatch.setenv(triton_path.GROUPS_ENV, "two")
     with pytest.raises(ValueError, match="KDAGEN_TRITON_GROUPS='two': expected a positive integer"):
         triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu"))
+
+
+def test_recurrence_passes_and_their_row_blocks():
+    # The plain walk and pass 2 keep the spec's V slice; only pass 1 (rows BV + BK, split at BV) needs a
+    # block that divides BK too. Here K = 32 < block_v = 64 < V = 128.
+    from kdagen.runtime import triton_path
+
+    calls = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((self.name, kw.get("PASS"), grid, kw["BLOCK_V"]))
+
+    mod = types.SimpleNamespace(BK=32, BV=128, kda_recurrence=Kernel("walk"), kda_group_scan=Kernel("scan"))
+    ws = types.SimpleNamespace(qg=None, w=None, kg=None, u=None, aqk=None, decay=torch.zeros(1))
+    tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 2}
+    kw = dict(target="interpreter", scale=1.0, cu_seqlens=torch.tensor([0, 10, 300]),
+              chunk_offsets=torch.tensor([0, 1, 6]), out=torch.empty(1, 300, 3, 128),
+              state=triton_path.StateArgs())
+    triton_path.launch_recurrence(mod, tun, ws, **kw, groups=1)
+    assert calls == [("walk", 0, (6, 2, 1), 64)]
+    calls.clear()
+    triton_path.launch_recurrence(mod, tun, ws, **kw, groups=3)
+    assert calls == [("walk", 1, (6, 5, 2), 32), ("scan", None, (6, 8), 16), ("walk", 2, (6, 2, 3), 64)]

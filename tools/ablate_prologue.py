@@ -40,6 +40,33 @@ def _nth(pattern: str, n: int, repl: str):
     return edit
 
 
+# kda_wu's gate cumsum (a [64, BLOCK_K] scan over rows) and helpers the kda_wu edits below put in.
+_WU_CUMSUM = r"b_G = tl\.cumsum\((_chunk_gate\(raw_g, tok, L,[^)]*\)), axis=0\)"
+_WU_HELPERS = """@triton.jit
+def _cumsum_mma(x, DOT_F32: tl.constexpr):
+    # Row cumsum as tril(ones) @ x on the matrix units, x split into bf16 hi + lo (about 16 bits kept).
+    o = tl.arange(0, x.shape[0])
+    tri = (o[:, None] >= o[None, :]).to(tl.float32)
+    if DOT_F32:
+        return tl.dot(tri, x)
+    hi = x.to(tl.bfloat16)
+    lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
+    return tl.dot(tri.to(tl.bfloat16), lo, tl.dot(tri.to(tl.bfloat16), hi))
+
+
+@triton.jit
+def _no_store(ptr, value, mask):
+    pass
+
+
+"""
+
+
+def _wu(edit):
+    """An edit of kda_wu's body, with the helpers above defined ahead of it."""
+    return lambda s: edit(s).replace("@triton.jit\ndef kda_wu(", _WU_HELPERS + "@triton.jit\ndef kda_wu(", 1)
+
+
 EDITS = {
     "base": lambda s: s,
     "diagonal blocks in fp32 (ieee)": lambda s: s.replace(
@@ -56,6 +83,11 @@ EDITS = {
     "kda_wu: no K walk": _nth(r"for kk in range\(0, (\d+), BLOCK_K\):", 1, r"for kk in range(0, 0, BLOCK_K):"),
     "kda_wu: no u walk": lambda s: re.sub(r"for vv in range\(0, (\d+), BLOCK_K\):", r"for vv in range(0, 0, BLOCK_K):",
                                           s),
+    # kda_wu runs at 54% of the copy bandwidth (docs/perf-notes.md, next steps): which of its stages costs.
+    "kda_wu: no gate cumsum": _wu(lambda s: re.sub(_WU_CUMSUM, r"b_G = \1", s)),
+    "kda_wu: cumsum on matrix units": _wu(lambda s: re.sub(_WU_CUMSUM, r"b_G = _cumsum_mma(\1, DOT_F32)", s)),
+    "kda_wu: no qg / kg stores": _wu(lambda s: s.replace("tl.store(qg_ws + ", "_no_store(qg_ws + ")
+                                     .replace("tl.store(kg_ws + ", "_no_store(kg_ws + ")),
 }
 
 

@@ -10,8 +10,8 @@ from types import ModuleType
 import torch
 import triton
 
-from .device import INTERPRETER, interpreting
 from ..spec.targets import TARGETS
+from .device import INTERPRETER, interpreting
 from .group_scan import check_groups, choose_groups, env_groups, sm_count
 
 OP = "chunk_kda_prefill (triton)"

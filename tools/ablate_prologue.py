@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Place time inside the Triton prologue kernels (kda_prologue, kda_wu) without hardware counters (GPU).
 
-Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/ablate_prologue.py [H:T:N ...]
+Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/ablate_prologue.py [--rows REGEX] [H:T:N ...]
+(--rows: only the rows whose name matches; `base` always runs)
 
 Each row is the generated module with one edit applied to its source (a stage left out, or done another
 way); kda_prologue and kda_wu are timed alone (`triton.testing.do_bench` median) on the same inputs, and
@@ -40,9 +41,9 @@ def _nth(pattern: str, n: int, repl: str):
     return edit
 
 
-# kda_wu's gate cumsum (a [64, BLOCK_K] scan over rows) and helpers the kda_wu edits below put in.
+# kda_wu's gate cumsum (a [64, BLOCK_K] scan over rows), and helpers that edits below put in.
 _WU_CUMSUM = r"b_G = tl\.cumsum\((_chunk_gate\(raw_g, tok, L,[^)]*\)), axis=0\)"
-_WU_HELPERS = """@triton.jit
+_HELPERS = """@triton.jit
 def _cumsum_mma(x, DOT_F32: tl.constexpr):
     # Row cumsum as tril(ones) @ x on the matrix units, x split into bf16 hi + lo (about 16 bits kept).
     o = tl.arange(0, x.shape[0])
@@ -59,12 +60,22 @@ def _no_store(ptr, value, mask):
     pass
 
 
+@triton.jit
+def _gate_loaded(raw_g, tok, n_valid, i_h, sg_t, sg_h, o_r, o_k, m_k, b_bias, a_h, lower_bound,
+                 LOWER_BOUND: tl.constexpr):
+    # The raw gate as it comes, no activation: what reading a precomputed gate would cost (2 B, not 4).
+    mask = (o_r < n_valid)[:, None] & m_k[None, :]
+    b_z = tl.load(raw_g + tok[:, None] * sg_t + i_h * sg_h + o_k[None, :], mask=mask, other=0.0)
+    return -tl.abs(b_z.to(tl.float32))
+
+
 """
 
 
 def _wu(edit):
-    """An edit of kda_wu's body, with the helpers above defined ahead of it."""
-    return lambda s: edit(s).replace("@triton.jit\ndef kda_wu(", _WU_HELPERS + "@triton.jit\ndef kda_wu(", 1)
+    """An edit of the kernels' bodies, with the helpers above defined ahead of both."""
+    head = "@triton.jit\ndef kda_prologue("
+    return lambda s: edit(s).replace(head, _HELPERS + head, 1)
 
 
 EDITS = {
@@ -80,6 +91,8 @@ EDITS = {
     "no forward substitution": lambda s: re.sub(r"for r in range\(1, (\d+)\):", r"for r in range(1, 1):", s),
     "kda_prologue: no slice walk": _nth(r"for kk in range\(0, (\d+), BLOCK_K\):", 0,
                                         r"for kk in range(0, 0, BLOCK_K):"),
+    "inverse products ieee (FMA units)": lambda s: s.replace("return tl.dot(a, b, input_precision=FP32_DOT)",
+                                                             'return tl.dot(a, b, input_precision="ieee")'),
     "kda_wu: no K walk": _nth(r"for kk in range\(0, (\d+), BLOCK_K\):", 1, r"for kk in range(0, 0, BLOCK_K):"),
     "kda_wu: no u walk": lambda s: re.sub(r"for vv in range\(0, (\d+), BLOCK_K\):", r"for vv in range(0, 0, BLOCK_K):",
                                           s),
@@ -88,6 +101,11 @@ EDITS = {
     "kda_wu: cumsum on matrix units": _wu(lambda s: re.sub(_WU_CUMSUM, r"b_G = _cumsum_mma(\1, DOT_F32)", s)),
     "kda_wu: no qg / kg stores": _wu(lambda s: s.replace("tl.store(qg_ws + ", "_no_store(qg_ws + ")
                                      .replace("tl.store(kg_ws + ", "_no_store(kg_ws + ")),
+    "kda_wu: no qg store": _wu(lambda s: s.replace("tl.store(qg_ws + ", "_no_store(qg_ws + ")),
+    "kda_wu: no gate activation": _wu(lambda s: re.sub(r"b_G = tl\.cumsum\(_chunk_gate\(raw_g, tok, L,",
+                                                       "b_G = tl.cumsum(_gate_loaded(raw_g, tok, L,", s)),
+    "kda_wu: gate loaded as is": _wu(lambda s: re.sub(_WU_CUMSUM, lambda m: "b_G = " + m.group(1).replace(
+        "_chunk_gate(", "_gate_loaded("), s)),
 }
 
 
@@ -116,7 +134,10 @@ def error_of(mod, tun, adversarial: bool) -> float:
 
 
 def main() -> None:
-    shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:]] or SHAPES
+    argv = sys.argv[1:]
+    rows = re.compile(argv.pop(argv.index("--rows") + 1)) if "--rows" in argv else None
+    argv = [a for a in argv if a != "--rows"]
+    shapes = [tuple(int(x) for x in a.split(":")) for a in argv] or SHAPES
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k128_v128_c64")
     src = Path(entry.load().__file__).read_text()
     tun = dict(entry.load().TUNING[target_of(torch.device("cuda"))])
@@ -125,6 +146,8 @@ def main() -> None:
     print(f"{'edit':32s} {'error':>9s} {'adv. err':>9s} " + " ".join(f"{f'{H}/{T}/{N}':>16s}" for H, T, N in shapes))
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, edit) in enumerate(EDITS.items()):
+            if rows is not None and name != "base" and not rows.search(name):
+                continue
             new = edit(src)
             if name != "base" and new == src:
                 print(f"{name:32s} edit did not apply")

@@ -46,10 +46,10 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: in
         **gates, "aqk_ws": f"*{io}", "tinv_ws": f"*{io}", "rnorm_ws": "*fp32", "scale": "fp32", "lower_bound": "fp32",
         **{s: i32 for s in ("sq_t", "sq_h", "sk_t", "sk_h", "sg_t", "sg_h", "sb_t", "sb_h", "H")},
         "BLOCK_K": "constexpr", "LOWER_BOUND": "constexpr", "HAS_BIAS": "constexpr", "USE_L2NORM": "constexpr",
-        "DIAG_REF": "constexpr", "DOT_F32": "constexpr",
+        "DIAG_REF": "constexpr", "DOT_F32": "constexpr", "FP32_DOT": "constexpr",
     }
     pro_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "USE_L2NORM": True, "DIAG_REF": diag_ref,
-                 "DOT_F32": False}
+                 "DOT_F32": False, "FP32_DOT": TARGETS[target].triton_fp32_dot}
     wu_sig = {
         "q": f"*{io}", "k": f"*{io}", "v": f"*{io}", **{n: t for n, t in gates.items() if n not in ("q", "k")},
         "tinv_ws": f"*{io}", "rnorm_ws": "*fp32", "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}",
@@ -104,10 +104,6 @@ def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
 
 def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, diag_ref: int = 2,
                     state_mode: int = 1, kernels: tuple[str, ...] | None = None) -> list[KernelReport]:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from kdagen.runtime.triton_path import SCAN_ROWS
 
     t = TARGETS[target]
@@ -118,9 +114,13 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
         if kernels is not None and name not in kernels:
             continue
         const = dict(const)
+        builds = [name]
         if kernel == "kda_recurrence":  # pass 1's row slices also divide BK (triton_path.launch_recurrence)
             const["BLOCK_V"] = min(tun["block_v"], mod.BV, *((mod.BK,) if const["PASS"] == 1 else ()))
             options = {"num_warps": tun["recurrence_warps"], "num_stages": tun["recurrence_stages"]}
+            # A launch with no more walks than SMs takes the sparse stage count (triton_path.recurrence_stages).
+            if tun["recurrence_stages_sparse"] != tun["recurrence_stages"]:
+                builds.append(name + "_sparse")
         elif kernel == "kda_group_scan":
             const["BLOCK_V"] = min(SCAN_ROWS, mod.BV)
             options = {"num_warps": 4, "num_stages": 1}
@@ -130,21 +130,31 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
             options = {"num_warps": tun[f"{kind}_warps"], "num_stages": tun[f"{kind}_stages"]}
         if t.vendor == "amd":
             options["matrix_instr_nonkdim"] = 16
-        fn = getattr(mod, kernel)
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
-                           target=GPUTarget(t.triton_backend, t.triton_arch, t.warp_size), options=options)
-        rep = KernelReport(kernel=name, target=target, shared=int(k.metadata.shared))
-        if t.vendor == "amd":
-            asm = k.asm["amdgcn"]
-            rep.registers = _int(asm, r"\.vgpr_count:\s+(\d+)")
-            rep.spills = (_int(asm, r"\.vgpr_spill_count:\s+(\d+)") or 0) + (_int(asm, r"\.sgpr_spill_count:\s+(\d+)") or 0)
-            rep.scratch = _int(asm, r"\.private_segment_fixed_size:\s+(\d+)")
-            rep.mma = re.findall(r"\b(v_mfma_\w+)", asm)
-        else:
-            rep.registers, rep.stack = _ptxas_report(k.asm["cubin"])
-            rep.mma = re.findall(r"\b(wgmma\.mma_async\.\S+|mma\.sync\.\S+)", k.asm["ptx"])
-        reports.append(rep)
+        for build in builds:
+            if build.endswith("_sparse"):
+                options = {**options, "num_stages": tun["recurrence_stages_sparse"]}
+            reports.append(_compile(getattr(mod, kernel), sig, const, options, t, build, target))
     return reports
+
+
+def _compile(fn, sig: dict, const: dict, options: dict, t, name: str, target: str) -> KernelReport:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+                       target=GPUTarget(t.triton_backend, t.triton_arch, t.warp_size), options=options)
+    rep = KernelReport(kernel=name, target=target, shared=int(k.metadata.shared))
+    if t.vendor == "amd":
+        asm = k.asm["amdgcn"]
+        rep.registers = _int(asm, r"\.vgpr_count:\s+(\d+)")
+        rep.spills = (_int(asm, r"\.vgpr_spill_count:\s+(\d+)") or 0) + (_int(asm, r"\.sgpr_spill_count:\s+(\d+)") or 0)
+        rep.scratch = _int(asm, r"\.private_segment_fixed_size:\s+(\d+)")
+        rep.mma = re.findall(r"\b(v_mfma_\w+)", asm)
+    else:
+        rep.registers, rep.stack = _ptxas_report(k.asm["cubin"])
+        rep.mma = re.findall(r"\b(wgmma\.mma_async\.\S+|mma\.sync\.\S+)", k.asm["ptx"])
+    return rep
 
 
 def _int(text: str, pattern: str) -> int | None:

@@ -87,8 +87,8 @@ def new_workspace(mod: ModuleType, T: int, H: int, n_chunks: int, io: torch.dtyp
                      rnorm=torch.empty(T, H, 2, dtype=torch.float32, device=device))
 
 
-def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, raw_g, raw_beta, A_log,
-                    g_bias, scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens,
+def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, target: str, q, k, raw_g, raw_beta,
+                    A_log, g_bias, scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens,
                     chunk_indices) -> None:
     """kda_prologue: aqk, and the inverse and row norms that kda_wu reads."""
     n_chunks, H = chunk_indices.shape[0], q.shape[2]
@@ -103,7 +103,7 @@ def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k
         H,
         BLOCK_K=tun["prologue_block_k"],  # the spec loader bounds it by the head dims
         LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None, USE_L2NORM=bool(use_qk_l2norm),
-        DIAG_REF=diag_ref(lower_bound), DOT_F32=interpreting(),
+        DIAG_REF=diag_ref(lower_bound), DOT_F32=interpreting(), FP32_DOT=fp32_dot(target),
         num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"],
     )
 
@@ -145,6 +145,15 @@ def recurrence_groups(mod: ModuleType, tun: dict[str, int], n_seq: int, H: int, 
                          RECURRENCE_PROGRAMS_PER_SM, pass1_step=PASS1_STEP, scan_step=SCAN_STEP)
 
 
+def recurrence_stages(tun: dict[str, int], programs: int, sms: int | None) -> int:
+    """Pipeline stages of one walk launch. Fewer stages take less shared memory, so more walks share an
+    SM; a launch with no more programs than SMs gains nothing from that and takes the deeper pipeline
+    (docs/perf-notes.md section 15). Without a GPU (sms None), recurrence_stages."""
+    if sms is not None and programs <= sms:
+        return tun["recurrence_stages_sparse"]
+    return tun["recurrence_stages"]
+
+
 def fp32_dot(target: str) -> str:
     return "ieee" if target == INTERPRETER or target not in TARGETS else TARGETS[target].triton_fp32_dot
 
@@ -173,8 +182,12 @@ def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, ta
         group_op = torch.empty(groups - 1, n_seq, H, BV + BK, BK, dtype=torch.float32, device=out.device)
         group_in = torch.empty(groups, n_seq, H, BV, BK, dtype=torch.float32, device=out.device)
 
+    sms = sm_count(out.device.index if out.device.index is not None else torch.cuda.current_device()) \
+        if out.is_cuda else None
+
     def walk(pass_: int, rows: int, grid_groups: int, block: int) -> None:
-        mod.kda_recurrence[(n_seq * H, triton.cdiv(rows, block), grid_groups)](
+        grid = (n_seq * H, triton.cdiv(rows, block), grid_groups)
+        mod.kda_recurrence[grid](
             ws.qg, ws.w, ws.kg, ws.u, ws.aqk, ws.decay,
             out, h0, ht, idx, flag,
             cu_seqlens, chunk_offsets, group_op, group_in,
@@ -183,7 +196,7 @@ def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, ta
             H, n_slots, n_seq, groups,
             BLOCK_V=block, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, PASS=pass_,
             DOT_F32=interpreting(),
-            num_warps=tun["recurrence_warps"], num_stages=tun["recurrence_stages"],
+            num_warps=tun["recurrence_warps"], num_stages=recurrence_stages(tun, grid[0] * grid[1] * grid[2], sms),
         )
 
     if groups == 1:
@@ -213,7 +226,7 @@ def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: to
     ws = new_workspace(mod, T, H, chunk_indices.shape[0], q.dtype, q.device)
     gates = dict(q=q, k=k, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias, lower_bound=lower_bound,
                  cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
-    launch_prologue(mod, tun, ws, **gates, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    launch_prologue(mod, tun, ws, target=target, **gates, scale=scale, use_qk_l2norm=use_qk_l2norm)
     launch_wu(mod, tun, ws, **gates, v=v)
     launch_recurrence(mod, tun, ws, target=target, scale=scale, cu_seqlens=cu_seqlens,
                       chunk_offsets=chunk_offsets, out=out, state=state, groups=groups)

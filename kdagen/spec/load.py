@@ -213,7 +213,7 @@ def _check_tuning_value(name: str, value: int) -> str | None:
     TritonTuning field without a rule fails the import below rather than going unchecked."""
     if name.endswith("_warps"):
         return None if value in WARPS else f"must be one of {', '.join(map(str, WARPS))}"
-    if name.endswith("_stages"):
+    if name.endswith(("_stages", "_stages_sparse")):
         return None if 1 <= value <= MAX_STAGES else f"must be 1..{MAX_STAGES}"
     if name in ("prologue_block_k", "wu_block_k"):
         ok = value >= 16 and value & (value - 1) == 0
@@ -401,14 +401,17 @@ def _kib(n: int) -> str:
 
 def _check_smem(where: str, line: int, k: int, v: int, chunk: int, dtype: str, target: str,
                 tun: TritonTuning, report: Report) -> None:
-    est = estimate_triton_smem(k, v, chunk, dtype, tun.block_v, tun.recurrence_stages)
+    # Both stage counts are launched (runtime/triton_path.recurrence_stages), so both must fit.
     budget = TARGETS[target].smem_per_block
-    if est > budget:
+    over = [knob for knob in ("recurrence_stages", "recurrence_stages_sparse")
+            if estimate_triton_smem(k, v, chunk, dtype, tun.block_v, getattr(tun, knob)) > budget]
+    if over:
+        est = estimate_triton_smem(k, v, chunk, dtype, tun.block_v, getattr(tun, over[0]))
         report(line, where,
                f"shared memory estimate {_kib(est)} on {target} exceeds its {_kib(budget)} per block "
                f"(head_dim_k={k}, head_dim_v={v}, chunk_size={chunk}, {dtype}, block_v={tun.block_v}, "
-               f"recurrence_stages={tun.recurrence_stages}); lower block_v or recurrence_stages in "
-               f"tuning.triton.{target}, or chunk_size")
+               + ", ".join(f"{knob}={getattr(tun, knob)}" for knob in over)
+               + f"); lower block_v or {' and '.join(over)} in tuning.triton.{target}, or chunk_size")
 
 
 def _check_duplicates(declared: Sequence[_Declared], errors: list[_Error]) -> None:

@@ -19,6 +19,9 @@ class TritonTuning:
     wu_block_k: int = 64
     recurrence_warps: int = 4
     recurrence_stages: int = 2
+    # Stages of a walk launch with no more programs than the GPU has SMs: each program has an SM to itself,
+    # so shared memory no longer limits how many run at once and a deeper pipeline only hides latency.
+    recurrence_stages_sparse: int = 2
     block_v: int = 64
 
 

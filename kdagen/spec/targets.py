@@ -23,8 +23,9 @@ class Target:
     devices: str
     verified: str  # how this target is verified on the project's machines
     hip_v_slice: int  # V rows per fused recurrence block (multiple of 16; bounded by the block's LDS)
-    # tl.dot input_precision for products that must keep fp32 accuracy (the group scan): NVIDIA's fp32
-    # "ieee" dot runs on FMA units and spills; tf32x3 runs on the tensor cores. CDNA has fp32 MFMA.
+    # tl.dot input_precision for products that must keep fp32 accuracy (the group scan, the inverse's
+    # off-diagonal blocks): NVIDIA's fp32 "ieee" dot runs on FMA units and spills; tf32x3 runs on the
+    # tensor cores. CDNA has fp32 MFMA.
     triton_fp32_dot: str
 
 

@@ -53,7 +53,13 @@ def test_compiles_for_target(e, target, capsys):
             assert r.scratch is not None
         else:
             assert r.mma, f"{r.kernel}: no tensor-core instruction on {target}"
-    # The group scan's fp32-accurate products: fp32 MFMA on CDNA, tf32 (x3) tensor cores on sm_90.
-    scan = next(r for r in reports if r.kernel == "kda_group_scan")
+    # The fp32-accurate products (the group scan, the inverse's off-diagonal blocks in every prologue
+    # mode): fp32 MFMA on CDNA, tf32 (x3) tensor cores on sm_90.
     want = "v_mfma_f32_16x16x4_f32" if TARGETS[target].vendor == "amd" else ".tf32.tf32."
-    assert any(want in m for m in scan.mma), f"kda_group_scan on {target}: no {want} in {sorted(set(scan.mma))}"
+    for r in reports:
+        if r.kernel in ("kda_group_scan", "kda_prologue"):
+            assert any(want in m for m in r.mma), f"{r.kernel} on {target}: no {want} in {sorted(set(r.mma))}"
+    # Both stage counts of the walk compile where the spec gives two (the sparse one for small launches).
+    tun = mod.TUNING[target]
+    sparse = {r.kernel for r in reports if r.kernel.endswith("_sparse")}
+    assert len(sparse) == (3 if tun["recurrence_stages_sparse"] != tun["recurrence_stages"] else 0), sparse

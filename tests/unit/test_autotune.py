@@ -18,7 +18,7 @@ from kdagen.spec.targets import TARGETS, estimate_triton_smem
 ROOT = Path(__file__).resolve().parents[2]
 KIMI = VariantDims("kimi", 128, 128, 64, "bf16")
 KNOBS = dict(prologue_warps=2, prologue_stages=1, prologue_block_k=16, wu_warps=8, wu_stages=2, wu_block_k=32,
-             recurrence_warps=8, recurrence_stages=1, block_v=32)
+             recurrence_warps=8, recurrence_stages=1, recurrence_stages_sparse=1, block_v=32)
 SPEC = textwrap.dedent("""\
     op: kda_chunk_fwd
     # file comment
@@ -88,8 +88,8 @@ def test_candidates_respect_the_head_dims_and_shared_memory():
     assert {c["wu_block_k"] for c in wu_candidates(small)} == {32}
     assert {c["block_v"] for c in recurrence_candidates(small, "sm_90")} == {16, 32}
     for c in recurrence_candidates(KIMI, "gfx942"):
-        smem = estimate_triton_smem(128, 128, 64, "bf16", c["block_v"], c["recurrence_stages"])
-        assert smem <= TARGETS["gfx942"].smem_per_block
+        for stages in (c["recurrence_stages"], c["recurrence_stages_sparse"]):
+            assert estimate_triton_smem(128, 128, 64, "bf16", c["block_v"], stages) <= TARGETS["gfx942"].smem_per_block
     assert len(recurrence_candidates(KIMI, "gfx942")) < len(recurrence_candidates(KIMI, "sm_90"))
 
 
@@ -101,13 +101,14 @@ def test_tune_picks_the_geometric_mean_best_and_skips_failures():
             if knobs["block_v"] == 128:
                 return Trial(knobs, error="illegal address")
             # 2x faster on one shape, 1.5x slower on the other: geometric mean 0.87 -> chosen.
-            fast = knobs == dict(recurrence_warps=4, recurrence_stages=2, block_v=64)
+            fast = knobs == dict(recurrence_warps=4, recurrence_stages=2, recurrence_stages_sparse=2, block_v=64)
             return Trial(knobs, ms=[0.5, 1.5] if fast else [1.0, 1.0])
         return Trial(knobs, ms=[1.0, 1.0])  # nothing beats the current prologue config
 
     logs = []
     best = tune(KIMI, "sm_90", current, [(12, 4096, 1), (96, 16384, 16)], measure=fake, log=logs.append)
-    assert best == {**current, "recurrence_warps": 4, "recurrence_stages": 2, "block_v": 64}
+    assert best == {**current, "recurrence_warps": 4, "recurrence_stages": 2, "recurrence_stages_sparse": 2,
+                    "block_v": 64}
     assert any("skipped: illegal address" in ln for ln in logs)
 
 

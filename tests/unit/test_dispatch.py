@@ -228,3 +228,38 @@ def test_recurrence_passes_and_their_row_blocks():
     calls.clear()
     triton_path.launch_recurrence(mod, tun, ws, **kw, groups=3)
     assert calls == [("walk", 1, (6, 5, 2), 32), ("scan", None, (6, 8), 16), ("walk", 2, (6, 2, 3), 64)]
+
+
+def test_walk_stages_follow_the_programs_per_sm(monkeypatch):
+    # recurrence_stages when a walk launch has more programs than SMs (fewer stages, more walks per SM),
+    # recurrence_stages_sparse when each program has an SM to itself; no GPU: recurrence_stages.
+    from kdagen.runtime import triton_path
+
+    tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 1, "recurrence_stages_sparse": 2}
+    assert triton_path.recurrence_stages(tun, 132, 132) == 2
+    assert triton_path.recurrence_stages(tun, 133, 132) == 1
+    assert triton_path.recurrence_stages(tun, 1, None) == 1
+
+    calls = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((kw.get("PASS"), grid, kw["num_stages"]))
+
+    class GpuOut:  # launch_recurrence reads only these of `out` when the kernels are fakes
+        shape = (1, 4096, 12, 128)
+        device = torch.device("cpu", 0)
+        is_cuda = True
+
+        def stride(self, i):
+            return 0
+
+    monkeypatch.setattr(triton_path, "sm_count", lambda index: 132)
+    mod = types.SimpleNamespace(BK=128, BV=128, kda_recurrence=Kernel(), kda_group_scan=Kernel())
+    ws = types.SimpleNamespace(qg=None, w=None, kg=None, u=None, aqk=None, decay=torch.zeros(1), rnorm=None)
+    kw = dict(target="sm_90", scale=1.0, cu_seqlens=torch.tensor([0, 4096]), chunk_offsets=torch.tensor([0, 64]),
+              out=GpuOut(), state=triton_path.StateArgs())
+    # H=12 T=4096 at G=4: pass 1 has 12 x 4 x 3 = 144 programs (> 132 SMs), pass 2 12 x 2 x 4 = 96.
+    triton_path.launch_recurrence(mod, tun, ws, **kw, groups=4)
+    walks = [(p, s) for p, _, s in calls if p is not None]
+    assert walks == [(1, 1), (2, 2)]

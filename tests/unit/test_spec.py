@@ -221,11 +221,19 @@ def test_smem_over_budget_on_gfx942(tmp_path):
     errs = errors_of(tmp_path, k=text)
     assert errs == [
         f"specs/k.yaml:3: variants[0]: shared memory estimate {kib} KiB on gfx942 exceeds its 64 KiB per "
-        "block (head_dim_k=128, head_dim_v=128, chunk_size=64, bf16, block_v=64, recurrence_stages=2); "
-        "lower block_v or recurrence_stages in tuning.triton.gfx942, or chunk_size"
+        "block (head_dim_k=128, head_dim_v=128, chunk_size=64, bf16, block_v=64, recurrence_stages=2, "
+        "recurrence_stages_sparse=2); lower block_v or recurrence_stages and recurrence_stages_sparse in "
+        "tuning.triton.gfx942, or chunk_size"
+    ]
+    # Both stage counts are launched, so one that still does not fit is named alone.
+    half = text + "    tuning: {triton: {gfx942: {recurrence_stages: 1, block_v: 32}}}\n"
+    assert errors_of(tmp_path, k=half) == [
+        "specs/k.yaml:3: variants[0]: shared memory estimate 72 KiB on gfx942 exceeds its 64 KiB per block "
+        "(head_dim_k=128, head_dim_v=128, chunk_size=64, bf16, block_v=32, recurrence_stages_sparse=2); lower "
+        "block_v or recurrence_stages_sparse in tuning.triton.gfx942, or chunk_size"
     ]
     # The fix the message names works: the real spec's gfx942 tuning fits.
-    fixed = text + "    tuning: {triton: {gfx942: {recurrence_stages: 1, block_v: 32}}}\n"
+    fixed = text + "    tuning: {triton: {gfx942: {recurrence_stages: 1, recurrence_stages_sparse: 1, block_v: 32}}}\n"
     (tmp_path / "specs" / "k.yaml").write_text(fixed)
     assert load_specs(tmp_path / "specs", tmp_path)[0].variants[0].tuning_for("gfx942").block_v == 32
 
@@ -316,9 +324,9 @@ def test_any_values_load_or_give_formatted_errors(tmp_path, k, v, chunk, dtype, 
         return
     (variant,) = spec.variants
     assert (variant.head_dim_k, variant.head_dim_v, variant.chunk_size) == (k, v, chunk)
-    est = estimate_triton_smem(k, v, chunk, dtype, variant.tuning[0][1].block_v,
-                               variant.tuning[0][1].recurrence_stages)
-    assert est <= TARGETS[target].smem_per_block
+    tun = variant.tuning[0][1]
+    for stages in (tun.recurrence_stages, tun.recurrence_stages_sparse):
+        assert estimate_triton_smem(k, v, chunk, dtype, tun.block_v, stages) <= TARGETS[target].smem_per_block
 
 
 def test_prologue_block_k_must_be_a_power_of_two(tmp_path):

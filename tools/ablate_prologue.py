@@ -72,6 +72,43 @@ def _gate_loaded(raw_g, tok, n_valid, i_h, sg_t, sg_h, o_r, o_k, m_k, b_bias, a_
 """
 
 
+def _drop(name: str):
+    """Every update of the b_<name>XY accumulators (off-diagonal, diagonal and per-row forms) left out."""
+    pattern = re.compile(rf"^(\s+)b_{name}(\d\d) (?:= _mma(?:_wide)?\(|\+= tl\.where\().*$", re.M)
+    return lambda s: pattern.sub(rf"\1b_{name}\2 = b_{name}\2", s)
+
+
+def _halves(keep: str):
+    """kda_prologue with only one of its two block families: would two programs per (chunk, head), one per
+    family, be faster than one doing both (fewer registers each, so more programs per SM)? `keep` "qk":
+    Aqk and the aqk store only; "kk": Akk, the inverse and its stores only."""
+    def edit(src: str) -> str:
+        if keep == "qk":
+            src = _drop("Akk")(src)
+            src = re.sub(r"for r in range\(1, (\d+)\):", r"for r in range(1, 1):", src)
+            src = src.replace("return tl.dot(a, b, input_precision=FP32_DOT)", "return a")
+            return src.replace("tl.store(tinv_ws + ", "_no_store(tinv_ws + ")
+        src = _drop("Aqk")(src)
+        return src.replace("tl.store(aqk_ws + ", "_no_store(aqk_ws + ")
+    return _wu(edit)
+
+
+# The bounded gate with its constants folded: log2 decay = (lower_bound / ln 2) / (1 + exp2(z c + bias c)),
+# c = -a / ln 2: one FMA, one exp2, one add and one fast division per element.
+_GATE_FOLDED = """    mask = (o_r < n_valid)[:, None] & m_k[None, :]
+    b_z = tl.load(raw_g + tok[:, None] * sg_t + i_h * sg_h + o_k[None, :], mask=mask, other=0.0)
+    if LOWER_BOUND:
+        c = -a_h * RCP_LN2
+        b_e = tl.exp2(b_z.to(tl.float32) * c + (b_bias * c)[None, :])
+        return tl.where(mask, (lower_bound * RCP_LN2) / (1.0 + b_e), 0.0)
+    b_z = b_z.to(tl.float32) + b_bias[None, :]
+    return tl.where(mask, _gate(b_z, a_h, lower_bound, LOWER_BOUND), 0.0) * RCP_LN2
+"""
+_GATE_BODY = re.compile(r"    mask = \(o_r < n_valid\)\[:, None\] & m_k\[None, :\]\n    b_z = tl\.load\(raw_g.*?\n"
+                        r"    b_z = b_z\.to\(tl\.float32\) \+ b_bias\[None, :\]\n"
+                        r"    return tl\.where\(mask, _gate\(b_z, a_h, lower_bound, LOWER_BOUND\), 0\.0\) \* RCP_LN2\n")
+
+
 def _wu(edit):
     """An edit of the kernels' bodies, with the helpers above defined ahead of both."""
     head = "@triton.jit\ndef kda_prologue("
@@ -93,6 +130,9 @@ EDITS = {
                                         r"for kk in range(0, 0, BLOCK_K):"),
     "inverse products ieee (FMA units)": lambda s: s.replace("return tl.dot(a, b, input_precision=FP32_DOT)",
                                                              'return tl.dot(a, b, input_precision="ieee")'),
+    "prologue: Aqk half alone": _halves("qk"),
+    "prologue: Akk + inverse half alone": _halves("kk"),
+    "gate constants folded (both kernels)": lambda s: _GATE_BODY.sub(lambda m: _GATE_FOLDED, s, count=1),
     "kda_wu: no K walk": _nth(r"for kk in range\(0, (\d+), BLOCK_K\):", 1, r"for kk in range(0, 0, BLOCK_K):"),
     "kda_wu: no u walk": lambda s: re.sub(r"for vv in range\(0, (\d+), BLOCK_K\):", r"for vv in range(0, 0, BLOCK_K):",
                                           s),

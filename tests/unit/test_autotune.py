@@ -112,6 +112,22 @@ def test_tune_picks_the_geometric_mean_best_and_skips_failures():
     assert any("skipped: illegal address" in ln for ln in logs)
 
 
+def test_ties_keep_the_current_knobs():
+    # On shapes that launch no sparse walk, recurrence_stages_sparse does not change the time: a candidate
+    # that differs only there (and is faster by noise) must not flip it. A real 5% gain still wins.
+    current = dict(KNOBS)
+
+    def fake(variant, target, kernel, knobs, shapes):
+        if kernel != "recurrence":
+            return Trial(knobs, ms=[1.0])
+        if knobs["recurrence_warps"] == 4 and knobs["block_v"] == 32:
+            return Trial(knobs, ms=[0.95 if knobs["recurrence_stages_sparse"] == 1 else 0.945])
+        return Trial(knobs, ms=[1.0])
+
+    best = tune(KIMI, "sm_90", current, [(96, 16384, 16)], measure=fake, log=lambda _: None)
+    assert (best["recurrence_warps"], best["recurrence_stages_sparse"]) == (4, current["recurrence_stages_sparse"])
+
+
 def test_tune_stops_when_the_current_config_fails():
     def fake(variant, target, kernel, knobs, shapes):
         return Trial(knobs, error="disagrees with the float64 reference")

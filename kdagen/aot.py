@@ -103,7 +103,9 @@ def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
 
 
 def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, diag_ref: int = 2,
-                    state_mode: int = 1, kernels: tuple[str, ...] | None = None) -> list[KernelReport]:
+                    state_mode: int = 1, kernels: tuple[str, ...] | None = None,
+                    keep_asm: bool = False) -> list:
+    """One KernelReport per compiled kernel; with keep_asm, (report, PTX or AMDGCN text) pairs."""
     from kdagen.runtime.triton_path import SCAN_ROWS
 
     t = TARGETS[target]
@@ -133,11 +135,12 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
         for build in builds:
             if build.endswith("_sparse"):
                 options = {**options, "num_stages": tun["recurrence_stages_sparse"]}
-            reports.append(_compile(getattr(mod, kernel), sig, const, options, t, build, target))
+            rep, asm = _compile(getattr(mod, kernel), sig, const, options, t, build, target)
+            reports.append((rep, asm) if keep_asm else rep)
     return reports
 
 
-def _compile(fn, sig: dict, const: dict, options: dict, t, name: str, target: str) -> KernelReport:
+def _compile(fn, sig: dict, const: dict, options: dict, t, name: str, target: str) -> tuple[KernelReport, str]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -154,7 +157,7 @@ def _compile(fn, sig: dict, const: dict, options: dict, t, name: str, target: st
     else:
         rep.registers, rep.stack = _ptxas_report(k.asm["cubin"])
         rep.mma = re.findall(r"\b(wgmma\.mma_async\.\S+|mma\.sync\.\S+)", k.asm["ptx"])
-    return rep
+    return rep, k.asm["amdgcn"] if t.vendor == "amd" else k.asm["ptx"]
 
 
 def _int(text: str, pattern: str) -> int | None:

@@ -3,8 +3,11 @@
 the device) and FLA's chunk_kda (when importable) on the GPU.
 
 GPU time is the median of CUDA-graph replays (triton.testing.do_bench_cudagraph); eager time is the
-median of plain calls, Python included (do_bench). The floor is max(bytes / copy bandwidth, FLOPs /
-bf16 matmul rate), both measured in the same run. Writes a table to stdout, a CSV and a PNG plot.
+median of plain calls, Python included (do_bench, which flushes the L2 cache before each call, so its
+difference to the GPU time mixes host time with cold-cache effects); host time is the median host-side
+cost of one call on an idle device (validation, metadata, allocations, launches: what an eager caller
+pays before the GPU work is queued). The floor is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate),
+both measured in the same run. Writes a table to stdout, a CSV and a PNG plot.
 Every implementation is checked against the float64 reference on a small shape before timing.
 """
 
@@ -12,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kdagen.cli import add_command
@@ -169,6 +175,19 @@ def _validate(impls) -> None:
             raise SystemExit(f"{name} disagrees with the float64 reference; not timing it")
 
 
+def host_us(fn: Callable[[], object], sync: Callable[[], None], n: int = 30) -> float:
+    """Median host time of one call of `fn`, microseconds. The device is drained (`sync`) before each
+    sample so the launch queue never makes the call wait; a call that syncs inside is charged its wait."""
+    times = []
+    for _ in range(n):
+        sync()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    sync()
+    return 1e6 * statistics.median(times)
+
+
 def run_bench(shapes, out_dir: Path, wanted: list[str] | None = None) -> list[dict]:
     import torch
     import triton
@@ -195,9 +214,10 @@ def run_bench(shapes, out_dir: Path, wanted: list[str] | None = None) -> list[di
                 torch.cuda.synchronize()
                 gpu = triton.testing.do_bench(fn, rep=100, return_mode="median")
             eager = triton.testing.do_bench(fn, rep=100, return_mode="median")
+            host = host_us(fn, torch.cuda.synchronize)
             if name.startswith("fla"):
                 base = gpu
-            rows.append(dict(impl=name, H=H, T=T, N=N, gpu_ms=gpu, eager_ms=eager, floor_ms=floor_ms,
+            rows.append(dict(impl=name, H=H, T=T, N=N, gpu_ms=gpu, eager_ms=eager, host_us=host, floor_ms=floor_ms,
                              mtok_s=T / gpu / 1e3, pct_floor=100 * floor_ms / gpu))
         for r in rows[-len(impls):]:
             r["speedup_vs_fla"] = (base / r["gpu_ms"]) if base else float("nan")
@@ -211,12 +231,13 @@ def run_bench(shapes, out_dir: Path, wanted: list[str] | None = None) -> list[di
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'impl':14s} {'H':>3s} {'T':>6s} {'N':>3s} {'gpu ms':>8s} {'eager ms':>9s} {'floor ms':>8s} " \
-           f"{'Mtok/s':>7s} {'%floor':>6s} {'vs FLA':>6s}"
+    head = f"{'impl':14s} {'H':>3s} {'T':>6s} {'N':>3s} {'gpu ms':>8s} {'eager ms':>9s} {'host us':>8s} " \
+           f"{'floor ms':>8s} {'Mtok/s':>7s} {'%floor':>6s} {'vs FLA':>6s}"
     lines = [head]
     for r in rows:
         lines.append(f"{r['impl']:14s} {r['H']:3d} {r['T']:6d} {r['N']:3d} {r['gpu_ms']:8.3f} {r['eager_ms']:9.3f} "
-                     f"{r['floor_ms']:8.3f} {r['mtok_s']:7.1f} {r['pct_floor']:6.1f} {r['speedup_vs_fla']:6.2f}")
+                     f"{r['host_us']:8.1f} {r['floor_ms']:8.3f} {r['mtok_s']:7.1f} {r['pct_floor']:6.1f} "
+                     f"{r['speedup_vs_fla']:6.2f}")
     return "\n".join(lines)
 
 

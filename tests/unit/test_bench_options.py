@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kdagen.bench import QUICK, SHAPES, pick_impls, pick_shapes
@@ -44,3 +46,29 @@ def test_cli_checks_options_before_looking_for_a_gpu(capsys):
         main(["bench", "--impl", "nope"])
     assert main(["bench", "--impl", "triton", "--heads", "12"]) == 2
     assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_host_time_drains_the_device_before_each_sample_and_takes_the_median():
+    from kdagen.bench import host_us
+
+    events = []
+    costs = iter([5e-3] + [1e-3] * 8)  # one slow first call (a cache miss, say) does not move the median
+
+    def fn():
+        events.append("call")
+        t = time.perf_counter() + next(costs)
+        while time.perf_counter() < t:
+            pass
+
+    us = host_us(fn, lambda: events.append("sync"), n=9)
+    assert events == ["sync", "call"] * 9 + ["sync"]
+    assert 1000 <= us < 2500
+
+
+def test_table_shows_the_host_time():
+    from kdagen.bench import format_table
+
+    row = dict(impl="kdagen-triton", H=12, T=4096, N=1, gpu_ms=0.271, eager_ms=0.355, host_us=98.4,
+               floor_ms=0.015, mtok_s=15.1, pct_floor=5.6, speedup_vs_fla=0.985)
+    head, line = format_table([row]).splitlines()
+    assert "host us" in head and "98.4" in line

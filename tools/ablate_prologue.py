@@ -90,7 +90,7 @@ def _halves(keep: str):
             return src.replace("tl.store(tinv_ws + ", "_no_store(tinv_ws + ")
         src = _drop("Aqk")(src)
         return src.replace("tl.store(aqk_ws + ", "_no_store(aqk_ws + ")
-    return _wu(edit)
+    return _with_helpers(edit)
 
 
 # The bounded gate with its constants folded: log2 decay = (lower_bound / ln 2) / (1 + exp2(z c + bias c)),
@@ -109,7 +109,7 @@ _GATE_BODY = re.compile(r"    mask = \(o_r < n_valid\)\[:, None\] & m_k\[None, :
                         r"    return tl\.where\(mask, _gate\(b_z, a_h, lower_bound, LOWER_BOUND\), 0\.0\) \* RCP_LN2\n")
 
 
-def _wu(edit):
+def _with_helpers(edit):
     """An edit of the kernels' bodies, with the helpers above defined ahead of both."""
     head = "@triton.jit\ndef kda_prologue("
     return lambda s: edit(s).replace(head, _HELPERS + head, 1)
@@ -137,14 +137,14 @@ EDITS = {
     "kda_wu: no u walk": lambda s: re.sub(r"for vv in range\(0, (\d+), BLOCK_K\):", r"for vv in range(0, 0, BLOCK_K):",
                                           s),
     # kda_wu runs at 54% of the copy bandwidth (docs/perf-notes.md, next steps): which of its stages costs.
-    "kda_wu: no gate cumsum": _wu(lambda s: re.sub(_WU_CUMSUM, r"b_G = \1", s)),
-    "kda_wu: cumsum on matrix units": _wu(lambda s: re.sub(_WU_CUMSUM, r"b_G = _cumsum_mma(\1, DOT_F32)", s)),
-    "kda_wu: no qg / kg stores": _wu(lambda s: s.replace("tl.store(qg_ws + ", "_no_store(qg_ws + ")
+    "kda_wu: no gate cumsum": _with_helpers(lambda s: re.sub(_WU_CUMSUM, r"b_G = \1", s)),
+    "kda_wu: cumsum on matrix units": _with_helpers(lambda s: re.sub(_WU_CUMSUM, r"b_G = _cumsum_mma(\1, DOT_F32)", s)),
+    "kda_wu: no qg / kg stores": _with_helpers(lambda s: s.replace("tl.store(qg_ws + ", "_no_store(qg_ws + ")
                                      .replace("tl.store(kg_ws + ", "_no_store(kg_ws + ")),
-    "kda_wu: no qg store": _wu(lambda s: s.replace("tl.store(qg_ws + ", "_no_store(qg_ws + ")),
-    "kda_wu: no gate activation": _wu(lambda s: re.sub(r"b_G = tl\.cumsum\(_chunk_gate\(raw_g, tok, L,",
+    "kda_wu: no qg store": _with_helpers(lambda s: s.replace("tl.store(qg_ws + ", "_no_store(qg_ws + ")),
+    "kda_wu: no gate activation": _with_helpers(lambda s: re.sub(r"b_G = tl\.cumsum\(_chunk_gate\(raw_g, tok, L,",
                                                        "b_G = tl.cumsum(_gate_loaded(raw_g, tok, L,", s)),
-    "kda_wu: gate loaded as is": _wu(lambda s: re.sub(_WU_CUMSUM, lambda m: "b_G = " + m.group(1).replace(
+    "kda_wu: gate loaded as is": _with_helpers(lambda s: re.sub(_WU_CUMSUM, lambda m: "b_G = " + m.group(1).replace(
         "_chunk_gate(", "_gate_loaded("), s)),
 }
 

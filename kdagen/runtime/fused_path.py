@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .device import target_of
-from .group_scan import check_groups, choose_groups, env_groups, sm_count
+from .group_scan import check_groups, choose_groups, device_sms, env_groups
 from .jit_hip import HipLibrary, TargetMismatchError, load_library
 
 CHUNK = 64
@@ -165,7 +165,7 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if groups is None:
         groups = _env_groups()
     if groups is None:
-        groups = choose_groups(N, H, n_chunks, K, V, lib.v_slice, sm_count(dev.index or 0),
+        groups = choose_groups(N, H, n_chunks, K, V, lib.v_slice, device_sms(dev),
                                lib.recurrence_blocks_per_sm())
     groups = check_groups(groups, OP)
     gws = torch.empty(group_workspace_numel(groups, N, H, K, V), dtype=torch.float32, device=dev) \

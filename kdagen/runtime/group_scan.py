@@ -48,8 +48,15 @@ def choose_groups(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_sl
 
 
 @functools.lru_cache(maxsize=None)
-def sm_count(index: int) -> int:
+def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def device_sms(device: torch.device) -> int | None:
+    """SMs (CUs on ROCm) of a GPU device; None on the CPU, where the interpreter has none to fill."""
+    if device.type != "cuda":
+        return None
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def env_groups(name: str) -> int | None:

@@ -12,7 +12,7 @@ import triton
 
 from ..spec.targets import TARGETS
 from .device import INTERPRETER, interpreting
-from .group_scan import check_groups, choose_groups, env_groups, sm_count
+from .group_scan import check_groups, choose_groups, device_sms, env_groups
 
 OP = "chunk_kda_prefill (triton)"
 GROUPS_ENV = "KDAGEN_TRITON_GROUPS"
@@ -133,9 +133,9 @@ def recurrence_groups(mod: ModuleType, tun: dict[str, int], n_seq: int, H: int, 
     forced = env_groups(GROUPS_ENV)
     if forced is not None:
         return check_groups(forced, OP)
-    if device.type != "cuda":
+    sms = device_sms(device)
+    if sms is None:
         return 1
-    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
     v_slice = min(tun["block_v"], mod.BV)
     if n_seq * H * triton.cdiv(mod.HEAD_DIM_V, v_slice) >= sms:
         # One plain-walk program per SM or more: splitting only adds work (measured at H=96 T=65536 N=1,
@@ -182,8 +182,7 @@ def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, ta
         group_op = torch.empty(groups - 1, n_seq, H, BV + BK, BK, dtype=torch.float32, device=out.device)
         group_in = torch.empty(groups, n_seq, H, BV, BK, dtype=torch.float32, device=out.device)
 
-    sms = sm_count(out.device.index if out.device.index is not None else torch.cuda.current_device()) \
-        if out.is_cuda else None
+    sms = device_sms(out.device)
 
     def walk(pass_: int, rows: int, grid_groups: int, block: int) -> None:
         grid = (n_seq * H, triton.cdiv(rows, block), grid_groups)

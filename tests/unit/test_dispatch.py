@@ -176,7 +176,7 @@ def test_triton_group_count_keeps_full_gpus_on_one_walk(monkeypatch):
     from kdagen.runtime import triton_path
 
     monkeypatch.delenv(triton_path.GROUPS_ENV, raising=False)
-    monkeypatch.setattr(triton_path, "sm_count", lambda index: 132)
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
     mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BV=128)
     cuda = torch.device("cuda", 0)
     # H200 graph timings (perf-notes section 14): 32 heads on one 64K sequence gain from G=2, 96 do not.
@@ -246,20 +246,21 @@ def test_walk_stages_follow_the_programs_per_sm(monkeypatch):
         def __getitem__(self, grid):
             return lambda *a, **kw: calls.append((kw.get("PASS"), grid, kw["num_stages"]))
 
-    class GpuOut:  # launch_recurrence reads only these of `out` when the kernels are fakes
-        shape = (1, 4096, 12, 128)
-        device = torch.device("cpu", 0)
-        is_cuda = True
-
-        def stride(self, i):
-            return 0
-
-    monkeypatch.setattr(triton_path, "sm_count", lambda index: 132)
+    # A GPU of 132 SMs as far as the launch sees (the fake kernels run nothing; `out` stays on the CPU).
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
     mod = types.SimpleNamespace(BK=128, BV=128, kda_recurrence=Kernel(), kda_group_scan=Kernel())
-    ws = types.SimpleNamespace(qg=None, w=None, kg=None, u=None, aqk=None, decay=torch.zeros(1), rnorm=None)
+    ws = types.SimpleNamespace(qg=None, w=None, kg=None, u=None, aqk=None, decay=torch.zeros(1))
     kw = dict(target="sm_90", scale=1.0, cu_seqlens=torch.tensor([0, 4096]), chunk_offsets=torch.tensor([0, 64]),
-              out=GpuOut(), state=triton_path.StateArgs())
+              out=torch.empty(1, 4096, 12, 128), state=triton_path.StateArgs())
     # H=12 T=4096 at G=4: pass 1 has 12 x 4 x 3 = 144 programs (> 132 SMs), pass 2 12 x 2 x 4 = 96.
     triton_path.launch_recurrence(mod, tun, ws, **kw, groups=4)
     walks = [(p, s) for p, _, s in calls if p is not None]
     assert walks == [(1, 1), (2, 2)]
+
+
+def test_device_sms_is_none_on_the_cpu_and_per_index_on_a_gpu(monkeypatch):
+    from kdagen.runtime import group_scan
+
+    monkeypatch.setattr(group_scan, "_sm_count", lambda index: 100 + index)
+    assert group_scan.device_sms(torch.device("cpu")) is None
+    assert group_scan.device_sms(torch.device("cuda", 1)) == 101

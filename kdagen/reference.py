@@ -255,11 +255,13 @@ def chunk_kda_prefill_reference(
         h0.copy_(initial_state.to(device=device, dtype=_F64))
     if state_cache is not None:
         if state_cache.dim() != 4 or tuple(state_cache.shape[1:]) != (H, V, K):
-            raise ValueError(f"state_cache must be [slots, H, V, K] with (H, V, K) = {(H, V, K)}; got {tuple(state_cache.shape)}")
+            raise ValueError(f"state_cache must be [slots, H, V, K] with (H, V, K) = {(H, V, K)}; "
+                             f"got {tuple(state_cache.shape)}")
         slots = _host_ints(state_indices, "state_indices")
         flags = [bool(f) for f in has_initial_state.detach().cpu().reshape(-1).tolist()]
         if len(slots) != N or len(flags) != N:
-            raise ValueError(f"state_indices and has_initial_state need N={N} entries; got {len(slots)} and {len(flags)}")
+            raise ValueError(f"state_indices and has_initial_state need N={N} entries; "
+                             f"got {len(slots)} and {len(flags)}")
         bad = [s for s in slots if not 0 <= s < state_cache.shape[0]]
         if bad:
             raise ValueError(f"state_indices must lie in [0, {state_cache.shape[0]}); got {bad[:8]}")

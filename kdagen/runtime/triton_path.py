@@ -17,12 +17,12 @@ from .group_scan import check_groups, choose_groups, device_sms, env_groups
 OP = "chunk_kda_prefill (triton)"
 GROUPS_ENV = "KDAGEN_TRITON_GROUPS"
 # The group count's cost model (Note [Group count]), fitted to CUDA-graph timings of whole calls on an
-# H200 at 12 heads and 4K, 16K and 64K tokens (docs/perf-notes.md section 14), where it picks the measured
-# best G (4, 4, 16): resident programs share an SM's time (one per SM in the model), a pass-1 step (two
-# products, no output, co-resident with pass 2's tail) weighs 0.2 of a pass-2 step, a scan step 2.5
-# (its launch included).
-RECURRENCE_PROGRAMS_PER_SM = 1
-PASS1_STEP, SCAN_STEP = 0.2, 2.5
+# H200 with the one-stage walk (docs/perf-notes.md section 16: 11 shapes, 12 to 64 heads, 1 to 4
+# sequences of 4K to 64K tokens; every pick within 0.3% of the measured best G): two walks share an SM
+# (one stage's shared memory), a pass-1 step (two products, no output) weighs 0.5 of a pass-2 step, a
+# scan step 2.5 (its launch included). Section 14's fit, made with two stages, lost up to 7%.
+RECURRENCE_PROGRAMS_PER_SM = 2
+PASS1_STEP, SCAN_STEP = 0.5, 2.5
 # kda_group_scan: state rows per program (tl.dot's smallest tile).
 SCAN_ROWS = 16
 
@@ -137,9 +137,10 @@ def recurrence_groups(mod: ModuleType, tun: dict[str, int], n_seq: int, H: int, 
     if sms is None:
         return 1
     v_slice = min(tun["block_v"], mod.BV)
-    if n_seq * H * triton.cdiv(mod.HEAD_DIM_V, v_slice) >= sms:
-        # One plain-walk program per SM or more: splitting only adds work (measured at H=96 T=65536 N=1,
-        # 192 programs: G=2 is 3% slower than G=1, which the fitted model does not see).
+    if 2 * n_seq * H * triton.cdiv(mod.HEAD_DIM_V, v_slice) > sms:
+        # Plain walks on more than half the SMs: a split's programs would double up on SMs and share their
+        # throughput, which the wave model does not see (H200: 96 programs lose 2.5-3% at G=2, 64 gain 10%
+        # at G=3; docs/perf-notes.md section 16).
         return 1
     return choose_groups(n_seq, H, n_chunks, mod.HEAD_DIM_K, mod.HEAD_DIM_V, v_slice, sms,
                          RECURRENCE_PROGRAMS_PER_SM, pass1_step=PASS1_STEP, scan_step=SCAN_STEP)

@@ -155,12 +155,12 @@ def test_diagonal_block_mode_follows_the_gate_bound():
 
 
 @pytest.mark.parametrize(("N", "H", "chunks", "want"), [
-    # one sequence of 4K, 16K and 64K tokens: the measured best on the H200 (perf-notes section 14)
-    (1, 12, 64, 4),
-    (1, 12, 256, 4),
-    (1, 12, 1024, 16),
-    (4, 12, 1024, 1),    # 96 programs already: splitting costs more than it frees
-    (16, 96, 4096, 1),
+    # the measured best on the H200 with the one-stage walk (perf-notes section 16)
+    (1, 12, 64, 6),      # one sequence of 4K tokens
+    (1, 12, 256, 6),     # 16K
+    (1, 12, 1024, 16),   # 64K
+    (1, 32, 1024, 3),
+    (2, 12, 512, 8),
     (1, 12, 1, 1),
     (0, 12, 0, 1),
 ])
@@ -179,10 +179,13 @@ def test_triton_group_count_keeps_full_gpus_on_one_walk(monkeypatch):
     monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
     mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BV=128)
     cuda = torch.device("cuda", 0)
-    # H200 graph timings (perf-notes section 14): 32 heads on one 64K sequence gain from G=2, 96 do not.
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 32, 1024, cuda) == 2
+    # H200 graph timings (perf-notes section 16): plain walks on up to half the SMs gain from a split (64
+    # programs: G=3, 10%), on more do not (96 programs, one 64K sequence at 48 heads or four at 12: G=1).
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 32, 1024, cuda) == 3
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 48, 1024, cuda) == 1
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 4, 12, 1024, cuda) == 1
     assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 96, 1024, cuda) == 1
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda) == 4
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda) == 6
 
 
 def test_triton_group_count_env_and_cpu(monkeypatch):

@@ -30,7 +30,7 @@ def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning(monkeypatch):
     e = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k64_v64_c64")
     mod = e.load()
     args, ci, co = make_inputs(2, [5, 70], K=64, V=64, seed=4, device="cpu")
-    tun = dict(triton_path.tuning_for(mod, "interpreter"), prologue_block_k=16, wu_block_k=32)
+    tun = dict(triton_path.tuning_for(mod, "interpreter"), prologue_block_k=32, wu_block_k=32)
     ref_o, _ = chunk_kda_prefill_reference(**args)
     launched = []
     for name in ("launch_prologue", "launch_wu", "launch_recurrence"):

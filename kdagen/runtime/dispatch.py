@@ -14,13 +14,16 @@ from types import ModuleType
 
 import torch
 
-from . import fused_path, jit_hip, triton_path
+from . import fused_path, interpreter_compat, jit_hip, triton_path
 from .device import interpreting, target_of
 from .metadata import prepare_chunk_indices, prepare_chunk_offsets
 from .registry import DTYPE_NAMES, VariantEntry, select_variant
 from .validate import OP, Problem, check_inputs, check_state_cache, may_overlap
 from . import debug_checks  # hardening: data-dependent checks
 from .validate import check_flags, check_optional_args  # hardening: flags, optional args, aliasing
+
+# Before any kernel runs: Triton 3.6's interpreter cannot take our loop bounds without it (see module).
+interpreter_compat.apply()
 
 log = logging.getLogger("kdagen")
 

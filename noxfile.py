@@ -12,8 +12,9 @@ nox.options.sessions = ["check", "tests"]
 # Tested pins (design/toolchain.md section 0): the CPU torch wheel does not pin triton itself, and an
 # unpinned triton resolves to a release without tl.make_block_ptr.
 PINS = ("torch==2.13.0", "triton==3.7.1")
-# The oldest triton pyproject allows: its interpreter needs kdagen/runtime/interpreter_compat.py.
-OLDEST_TRITON = "triton==3.6.0"
+# The other ends of the triton range pyproject allows: their interpreters each need a patch
+# (kdagen/runtime/interpreter_compat.py), so CI runs the interpreter numerics under both.
+EDGE_TRITONS = ("triton==3.6.0", "triton==3.9.0")
 GENERATOR_DEPS = ("jinja2", "pyyaml")
 
 
@@ -47,19 +48,20 @@ def check(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The CPU CI: unit + interpreter numerics + e2e under TRITON_INTERPRET=1, AOT compiles, then the
-    interpreter numerics under the oldest supported triton."""
+    interpreter numerics under the oldest and newest supported triton."""
     _install(session, "test")
     # Two processes: the interpreter flag is read when triton is imported, and the AOT tests need
     # the real compiler. A failing run, or one that collects no tests (exit 5), fails the session.
     session.run("pytest", "tests/unit", "tests/interp", "tests/e2e", *session.posargs,
                 env={"TRITON_INTERPRET": "1"})
     session.run("pytest", "tests/aot", *session.posargs, env={"TRITON_INTERPRET": None})
-    # The interpreter numerics and metadata again under the oldest supported triton; last, so the AOT
-    # tests above compile with the pinned release.
+    # The interpreter numerics and metadata again under the oldest and newest supported triton; last, so
+    # the AOT tests above compile with the pinned release.
     if session.venv_backend != "none":
-        session.install(OLDEST_TRITON)
-        session.run("pytest", "tests/interp/test_triton_numerics.py", "tests/interp/test_metadata.py",
-                    *session.posargs, env={"TRITON_INTERPRET": "1"})
+        for triton in EDGE_TRITONS:
+            session.install(triton)
+            session.run("pytest", "tests/interp/test_triton_numerics.py", "tests/interp/test_metadata.py",
+                        *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session(venv_backend="none")

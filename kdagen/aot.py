@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from kdagen.runtime.device import TRITON_COMPILE_OPTIONS
 from kdagen.spec.targets import TARGETS
 
 TL_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
@@ -130,6 +131,7 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
             kind = kernel.removeprefix("kda_")
             const["BLOCK_K"] = tun[f"{kind}_block_k"]
             options = {"num_warps": tun[f"{kind}_warps"], "num_stages": tun[f"{kind}_stages"]}
+        options.update(TRITON_COMPILE_OPTIONS)  # as every launch passes them
         if t.vendor == "amd":
             options["matrix_instr_nonkdim"] = 16
         for build in builds:

@@ -18,6 +18,8 @@ from types import ModuleType
 
 import torch
 
+from .device import TRITON_COMPILE_OPTIONS
+
 try:  # numpy makes the one O(N) host pass several times cheaper; torch ops are the fallback.
     import numpy as _np
 except ImportError:  # pragma: no cover - numpy ships with every torch install we support
@@ -172,7 +174,8 @@ def prepare_chunk_metadata_device(
     indices_arg = chunk_indices if num_chunks > 0 else torch.empty(1, 2, dtype=cu_seqlens.dtype, device=device)
     stride = cu_seqlens.stride(0)
     kernels.chunk_block_sums_kernel[(num_blocks,)](
-        cu_seqlens, stride, block_sums, num_seqs, BT=chunk_size, BLOCK_N=block_n, num_warps=_NUM_WARPS
+        cu_seqlens, stride, block_sums, num_seqs, BT=chunk_size, BLOCK_N=block_n, num_warps=_NUM_WARPS,
+        **TRITON_COMPILE_OPTIONS,
     )
     kernels.chunk_metadata_fill_kernel[(num_blocks,)](
         cu_seqlens,
@@ -189,6 +192,7 @@ def prepare_chunk_metadata_device(
         CAP=_CAP,
         BLOCK_C=_BLOCK_C,
         num_warps=_NUM_WARPS,
+        **TRITON_COMPILE_OPTIONS,
     )
     return chunk_indices, chunk_offsets
 

@@ -11,7 +11,7 @@ import torch
 import triton
 
 from ..spec.targets import TARGETS
-from .device import INTERPRETER, interpreting
+from .device import INTERPRETER, TRITON_COMPILE_OPTIONS, interpreting
 from .group_scan import check_groups, choose_groups, device_sms, env_groups
 
 OP = "chunk_kda_prefill (triton)"
@@ -104,7 +104,7 @@ def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, targ
         BLOCK_K=tun["prologue_block_k"],  # the spec loader bounds it by the head dims
         LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None, USE_L2NORM=bool(use_qk_l2norm),
         DIAG_REF=diag_ref(lower_bound), DOT_F32=interpreting(), FP32_DOT=fp32_dot(target),
-        num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"],
+        num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"], **TRITON_COMPILE_OPTIONS,
     )
 
 
@@ -123,7 +123,7 @@ def launch_wu(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, v, r
         H,
         BLOCK_K=tun["wu_block_k"], LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None,
         DOT_F32=interpreting(),
-        num_warps=tun["wu_warps"], num_stages=tun["wu_stages"],
+        num_warps=tun["wu_warps"], num_stages=tun["wu_stages"], **TRITON_COMPILE_OPTIONS,
     )
 
 
@@ -197,6 +197,7 @@ def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, ta
             BLOCK_V=block, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, PASS=pass_,
             DOT_F32=interpreting(),
             num_warps=tun["recurrence_warps"], num_stages=recurrence_stages(tun, grid[0] * grid[1] * grid[2], sms),
+            **TRITON_COMPILE_OPTIONS,
         )
 
     if groups == 1:
@@ -208,7 +209,7 @@ def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, ta
         group_op, group_in, h0, idx, flag, cu_seqlens, *sh0,
         H, n_slots, n_seq, groups,
         BLOCK_V=min(SCAN_ROWS, BV), STATE_IN=state.mode_in, FP32_DOT=fp32_dot(target),
-        num_warps=4, num_stages=1,
+        num_warps=4, num_stages=1, **TRITON_COMPILE_OPTIONS,
     )
     walk(2, V, groups, block_v)
 

@@ -267,3 +267,38 @@ def test_device_sms_is_none_on_the_cpu_and_per_index_on_a_gpu(monkeypatch):
     monkeypatch.setattr(group_scan, "_sm_count", lambda index: 100 + index)
     assert group_scan.device_sms(torch.device("cpu")) is None
     assert group_scan.device_sms(torch.device("cuda", 1)) == 101
+
+
+def test_every_triton_launch_pins_fp_fusion(monkeypatch):
+    # Triton 3.9 warns when enable_fp_fusion is left unset and 3.10 changes its default; the kernels were
+    # measured with it on, so each launch (and aot.compile_variant) passes TRITON_COMPILE_OPTIONS.
+    from kdagen.runtime import metadata, triton_path
+    from kdagen.runtime.device import TRITON_COMPILE_OPTIONS
+
+    assert TRITON_COMPILE_OPTIONS == {"enable_fp_fusion": True}
+    launched = {}
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: launched.setdefault(self.name, []).append(kw.get("enable_fp_fusion"))
+
+    names = ("kda_prologue", "kda_wu", "kda_recurrence", "kda_group_scan", "chunk_block_sums_kernel",
+             "chunk_metadata_fill_kernel")
+    mod = types.SimpleNamespace(BK=128, BV=128, **{n: Kernel(n) for n in names})
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: None)
+    x = torch.zeros(1, 128, 2, 128)
+    ws = triton_path.Workspace(*(torch.zeros(1),) * 8)
+    cu, ci = torch.tensor([0, 128], dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)
+    common = dict(q=x, k=x, raw_g=x, raw_beta=x[..., 0], A_log=torch.zeros(2), g_bias=None, lower_bound=-5.0,
+                  cu_seqlens=cu, chunk_indices=ci)
+    triton_path.launch_prologue(mod, {"prologue_block_k": 32, "prologue_warps": 1, "prologue_stages": 1}, ws,
+                                target="sm_90", scale=1.0, use_qk_l2norm=True, **common)
+    triton_path.launch_wu(mod, {"wu_block_k": 64, "wu_warps": 4, "wu_stages": 1}, ws, v=x, **common)
+    tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 1, "recurrence_stages_sparse": 2}
+    triton_path.launch_recurrence(mod, tun, ws, target="sm_90", scale=1.0, cu_seqlens=cu,
+                                  chunk_offsets=torch.tensor([0, 2]), out=x, state=triton_path.StateArgs(), groups=2)
+    metadata.prepare_chunk_metadata_device(cu, cu, 64, kernels=mod, chunk_sizes=(64,))
+    assert launched == {n: [True] * (2 if n == "kda_recurrence" else 1) for n in names}

@@ -22,7 +22,7 @@ from .validate import OP, Problem, check_inputs, check_state_cache, may_overlap
 from . import debug_checks  # hardening: data-dependent checks
 from .validate import check_flags, check_optional_args  # hardening: flags, optional args, aliasing
 
-# Before any kernel runs: Triton 3.6's interpreter cannot take our loop bounds without it (see module).
+# Before any kernel runs: the interpreters of triton 3.6 and 3.9 each fail on one of our kernels without it.
 interpreter_compat.apply()
 
 log = logging.getLogger("kdagen")

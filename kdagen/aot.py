@@ -15,8 +15,9 @@ import subprocess
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from kdagen.kernels.kda import KERNELS as KDA_KERNELS
 from kdagen.runtime.device import TRITON_COMPILE_OPTIONS
-from kdagen.spec.targets import TARGETS
+from kdagen.targets import TARGETS
 
 TL_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 
@@ -39,49 +40,21 @@ class KernelReport:
 
 
 def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: int, state_mode: int) -> dict:
+    """Report name -> (kernel, AOT signature from its declaration, constexprs)."""
     io = TL_DTYPES[mod.DTYPE]
-    i32 = "i32"
-    gates = {"q": f"*{io}", "k": f"*{io}", "raw_g": f"*{io}", "raw_beta": f"*{io}", "A_log": "*fp32",
-             "g_bias": "*fp32", "cu_seqlens": "*i32", "chunk_indices": "*i32"}
-    pro_sig = {
-        **gates, "aqk_ws": f"*{io}", "tinv_ws": f"*{io}", "rnorm_ws": "*fp32", "scale": "fp32", "lower_bound": "fp32",
-        **{s: i32 for s in ("sq_t", "sq_h", "sk_t", "sk_h", "sg_t", "sg_h", "sb_t", "sb_h", "H")},
-        "BLOCK_K": "constexpr", "LOWER_BOUND": "constexpr", "HAS_BIAS": "constexpr", "USE_L2NORM": "constexpr",
-        "DIAG_REF": "constexpr", "DOT_F32": "constexpr", "FP32_DOT": "constexpr",
-    }
+    sig = {name: abi.aot_signature(io) for name, abi in KDA_KERNELS.items()}
+    fp32_dot = TARGETS[target].triton_fp32_dot
     pro_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "USE_L2NORM": True, "DIAG_REF": diag_ref,
-                 "DOT_F32": False, "FP32_DOT": TARGETS[target].triton_fp32_dot}
-    wu_sig = {
-        "q": f"*{io}", "k": f"*{io}", "v": f"*{io}", **{n: t for n, t in gates.items() if n not in ("q", "k")},
-        "tinv_ws": f"*{io}", "rnorm_ws": "*fp32", "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}",
-        "u_ws": f"*{io}", "decay_ws": "*fp32", "lower_bound": "fp32",
-        **{s: i32 for s in ("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "H")},
-        "BLOCK_K": "constexpr", "LOWER_BOUND": "constexpr", "HAS_BIAS": "constexpr", "DOT_F32": "constexpr",
-    }
+                 "DOT_F32": False, "FP32_DOT": fp32_dot}
     wu_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "DOT_F32": False}
-    rec_sig = {
-        "qg_ws": f"*{io}", "w_ws": f"*{io}", "kg_ws": f"*{io}", "u_ws": f"*{io}", "aqk_ws": f"*{io}",
-        "decay_ws": "*fp32", "o": f"*{io}", "h0": "*fp32", "ht": "*fp32", "state_indices": "*i32",
-        "has_initial_state": "*i1", "cu_seqlens": "*i32", "chunk_offsets": "*i64", "group_op": "*fp32",
-        "group_in": "*fp32", "scale": "fp32",
-        **{s: i32 for s in ("so_t", "so_h", "sh0_n", "sh0_h", "sht_n", "sht_h", "H", "n_slots", "n_seq", "G")},
-        "BLOCK_V": "constexpr", "STATE_IN": "constexpr", "STATE_OUT": "constexpr", "PASS": "constexpr",
-        "DOT_F32": "constexpr",
-    }
-    scan_sig = {
-        "group_op": "*fp32", "group_in": "*fp32", "h0": "*fp32", "state_indices": "*i32", "has_initial_state": "*i1",
-        "cu_seqlens": "*i32",
-        **{s: i32 for s in ("sh0_n", "sh0_h", "H", "n_slots", "n_seq", "G")},
-        "BLOCK_V": "constexpr", "STATE_IN": "constexpr", "FP32_DOT": "constexpr",
-    }
-    # Report name -> (kernel, signature, constexprs). The recurrence's passes: 0 the plain walk, 1 the group
-    # operators, 2 the walk from scanned start states (runtime/group_scan.py).
-    return {"kda_prologue": ("kda_prologue", pro_sig, pro_const), "kda_wu": ("kda_wu", wu_sig, wu_const),
-            **{name: ("kda_recurrence", rec_sig, {"STATE_IN": state_mode, "STATE_OUT": state_mode, "PASS": p,
-                                                  "DOT_F32": False})
+    # The recurrence's passes: 0 the plain walk, 1 the group operators, 2 the walk from scanned start states
+    # (runtime/group_scan.py).
+    return {"kda_prologue": ("kda_prologue", sig["kda_prologue"], pro_const),
+            "kda_wu": ("kda_wu", sig["kda_wu"], wu_const),
+            **{name: ("kda_recurrence", sig["kda_recurrence"],
+                      {"STATE_IN": state_mode, "STATE_OUT": state_mode, "PASS": p, "DOT_F32": False})
                for name, p in (("kda_recurrence", 0), ("kda_recurrence_p1", 1), ("kda_recurrence_p2", 2))},
-            "kda_group_scan": ("kda_group_scan", scan_sig, {"STATE_IN": state_mode,
-                                                           "FP32_DOT": TARGETS[target].triton_fp32_dot})}
+            "kda_group_scan": ("kda_group_scan", sig["kda_group_scan"], {"STATE_IN": state_mode, "FP32_DOT": fp32_dot})}
 
 
 def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:

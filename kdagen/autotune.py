@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 
 from kdagen.cli import add_command
 from kdagen.spec.model import TritonTuning
-from kdagen.spec.targets import TARGETS, estimate_triton_smem, next_pow2
+from kdagen.targets import TARGETS, estimate_triton_smem, next_pow2
 
 PROLOGUE_KNOBS = ("prologue_warps", "prologue_stages", "prologue_block_k")
 WU_KNOBS = ("wu_warps", "wu_stages", "wu_block_k")

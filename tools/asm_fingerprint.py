@@ -17,7 +17,7 @@ import sys
 
 import kdagen_kernels
 from kdagen import aot
-from kdagen.spec.targets import TARGETS
+from kdagen.targets import TARGETS
 
 _DEBUG = re.compile(r"^(\$L__tmp\d+:|\.Ltmp\d+:|\s*\.loc|\s*\.file|\s*;|\s*//)")
 

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import kdagen
+from kdagen.kernels import kda as kda_kernels
+from kdagen.kernels import metadata as metadata_kernels
 from kdagen.render.env import RenderError, torch_dtype, triton_dtype
 from kdagen.spec.model import OpSpec, VariantSpec
-from kdagen.spec.targets import (
+from kdagen.targets import (
     HIP_ABI, HIP_COLUMN_TILE, HIP_FMA_V_SLICE, HIP_THREADS, SUB_CHUNK, TARGETS, next_pow2,
 )
 
@@ -72,6 +74,7 @@ def variant_context(v: VariantSpec, stamp: str) -> dict[str, Any]:
         "tl_dtype": triton_dtype(v.dtype),
         "torch_dtype": torch_dtype(v.dtype),
         "tuning": {target: asdict(tun) for target, tun in v.tuning},  # in `targets` order
+        "abi": kda_kernels.KERNELS,
         "stamp": stamp,
         "kdagen_version": kdagen.__version__,
     }
@@ -110,6 +113,7 @@ def package_context(specs: Sequence[OpSpec], stamp: str) -> dict[str, Any]:
         "chunk_sizes": sorted({v.chunk_size for v in variants}),
         "specs": list(specs),
         "targets": TARGETS,
+        "abi": metadata_kernels.KERNELS,
         "stamp": stamp,
         "kdagen_version": kdagen.__version__,
     }

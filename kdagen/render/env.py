@@ -10,7 +10,7 @@ from typing import Any
 
 import jinja2
 
-from kdagen.spec.targets import DTYPES
+from kdagen.targets import DTYPES
 
 
 class RenderError(Exception):

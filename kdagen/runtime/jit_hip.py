@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kdagen
-from kdagen.spec.targets import HIP_ABI
+from kdagen.targets import HIP_ABI, vendor_of
 
 from . import cache
 
@@ -51,7 +51,7 @@ class Compiler:
 
 
 def is_cuda_target(target: str) -> bool:
-    return target.startswith("sm_")
+    return vendor_of(target) == "nvidia"
 
 
 def find_compiler(target: str) -> Compiler:
@@ -179,7 +179,7 @@ _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _F32 = ctypes.c_float
 
-# extern "C" signatures of templates/hip/kda_chunk.hip.j2 (ABI = kdagen.spec.targets.HIP_ABI).
+# extern "C" signatures of templates/hip/kda_chunk.hip.j2 (ABI = kdagen.targets.HIP_ABI).
 PROLOGUE_ARGTYPES = [_P] * 15 + [_I64] * 10 + [_I64, _I32, _F32, _F32, _I32, _I32, _P]
 RECURRENCE_ARGTYPES = ([_P] * 7 + [_I64, _I64, _P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _P, _P, _I64,
                                    _I64, _P, _P, _I64, _I32, _F32, _I32, _P, _P])

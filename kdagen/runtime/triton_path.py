@@ -10,7 +10,7 @@ from types import ModuleType
 import torch
 import triton
 
-from ..spec.targets import TARGETS
+from ..targets import TARGETS
 from .device import INTERPRETER, TRITON_COMPILE_OPTIONS, interpreting
 from .group_scan import check_groups, choose_groups, device_sms, env_groups
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from kdagen.spec.errors import SpecError, format_error
 from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
-from kdagen.spec.targets import (
+from kdagen.targets import (
     BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, HIP_THREADS, MAX_HEAD_DIM, MAX_STAGES,
     MIN_HEAD_DIM, SUB_CHUNK, TARGETS, WARPS, estimate_triton_smem, next_pow2,
 )
@@ -240,7 +240,7 @@ def _parse_tuning(node: Any, where: str, line: int, report: Report) -> _Overlay:
         if backend != "triton":
             # Accepting it would be a silent no-op: nothing reads it.
             report(b_line, b_where, f"the {backend} backend has no spec tuning knobs (its V slice is per target "
-                   "in kdagen/spec/targets.py, its group count is chosen per call and KDAGEN_FUSED_GROUPS pins "
+                   "in kdagen/targets.py, its group count is chosen per call and KDAGEN_FUSED_GROUPS pins "
                    f"it); remove tuning.{backend}")
             continue
         if not isinstance(per_target, YMap):

@@ -3,7 +3,7 @@
 (device only, no ROCm install: -nogpulib -nogpuinc -DKDA_DEVICE_ONLY) and nvcc for sm_90.
 
 Checks per kernel: no scratch and no spills, LDS (group segment) within the target's budget from
-kdagen/spec/targets.py; on sm_90 the ptxas report (registers, spills) and the shared-memory structs'
+kdagen/targets.py; on sm_90 the ptxas report (registers, spills) and the shared-memory structs'
 sizes within the budget. Prints one line per kernel. Skips with a reason when a compiler is missing.
 
 Each source is built twice: with its target's matrix layer (templates/hip/include/kda_mma.h; both
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from kdagen.spec.targets import TARGETS
+from kdagen.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
 HIP_DIR = ROOT / "generated" / "kdagen_kernels" / "hip"

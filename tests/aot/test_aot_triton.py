@@ -13,7 +13,7 @@ import pytest
 
 import kdagen_kernels
 from kdagen.aot import compile_variant
-from kdagen.spec.targets import TARGETS
+from kdagen.targets import TARGETS
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                                 reason="AOT compiles need the real Triton compiler (unset TRITON_INTERPRET)")

@@ -13,7 +13,7 @@ from kdagen import autotune
 from kdagen.autotune import (RewriteError, Trial, VariantDims, flow_mapping, prologue_candidates, wu_candidates,
                              recurrence_candidates, rewrite_target_tuning, tune)
 from kdagen.spec.load import load_spec_file
-from kdagen.spec.targets import TARGETS, estimate_triton_smem
+from kdagen.targets import TARGETS, estimate_triton_smem
 
 ROOT = Path(__file__).resolve().parents[2]
 KIMI = VariantDims("kimi", 128, 128, 64, "bf16")

@@ -11,7 +11,7 @@ import pytest
 
 from kdagen.runtime import fused_path
 from kdagen.runtime.jit_hip import HipLibrary, TargetMismatchError
-from kdagen.spec.targets import HIP_ABI
+from kdagen.targets import HIP_ABI
 
 CXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not found")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kdagen.spec import SpecError, TritonTuning, load_spec_file, load_specs
 from kdagen.spec.load import CHUNK_SIZE_REASON
-from kdagen.spec.targets import TARGETS, estimate_triton_smem
+from kdagen.targets import TARGETS, estimate_triton_smem
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The one table of per-target facts. Templates, validation and the runtime read only from here."""
+"""The one table of per-target facts. Specs, templates and the runtime read only from here.
+
+Dependency-free (no torch, YAML or Jinja), so the runtime can import it without the generator."""
 
 from __future__ import annotations
 
@@ -19,9 +21,6 @@ class Target:
     triton_arch: str | int
     warp_size: int
     smem_per_block: int  # bytes a single block/workgroup may use
-    matrix_units: str
-    devices: str
-    verified: str  # how this target is verified on the project's machines
     hip_v_slice: int  # V rows per fused recurrence block (multiple of 16; bounded by the block's LDS)
     # tl.dot input_precision for products that must keep fp32 accuracy (the group scan, the inverse's
     # off-diagonal blocks): NVIDIA's fp32 "ieee" dot runs on FMA units and spills; tf32x3 runs on the
@@ -29,24 +28,27 @@ class Target:
     triton_fp32_dot: str
 
 
+def vendor_of(target: str) -> Literal["amd", "nvidia"]:
+    """The vendor of a target name, also for one the table does not list (a device kdagen has no variant
+    for, or a KDAGEN_TARGET override): gfx* is AMD, everything else NVIDIA."""
+    known = TARGETS.get(target)
+    if known is not None:
+        return known.vendor
+    return "amd" if target.startswith("gfx") else "nvidia"
+
+
 TARGETS: dict[str, Target] = {
     "gfx942": Target(
         name="gfx942", vendor="amd", triton_backend="hip", triton_arch="gfx942", warp_size=64,
-        smem_per_block=64 * 1024, matrix_units="MFMA 16x16x16 bf16",
-        devices="MI300X, MI325X", verified="offline compile only (Triton AOT)", hip_v_slice=32,
-        triton_fp32_dot="ieee",
+        smem_per_block=64 * 1024, hip_v_slice=32, triton_fp32_dot="ieee",
     ),
     "gfx950": Target(
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
-        smem_per_block=160 * 1024, matrix_units="MFMA 16x16x32 bf16",
-        devices="MI350X, MI355X", verified="offline compile only (Triton AOT)", hip_v_slice=64,
-        triton_fp32_dot="ieee",
+        smem_per_block=160 * 1024, hip_v_slice=64, triton_fp32_dot="ieee",
     ),
     "sm_90": Target(
         name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
-        smem_per_block=227 * 1024, matrix_units="mma.sync / wgmma",
-        devices="H100, H200", verified="offline compile (Triton AOT) and run on an H200", hip_v_slice=64,
-        triton_fp32_dot="tf32x3",
+        smem_per_block=227 * 1024, hip_v_slice=64, triton_fp32_dot="tf32x3",
     ),
 }
 

@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Triton path's kernels (templates/triton/kda_chunk.py.j2), declared once. See Note [Kernel ABI].
+
+Token-major workspaces ([T, H, *], docs/design.md section 1.4): qg, w, kg [T, H, BK], u [T, H, BV] and
+aqk, tinv [T, H, BT] in the I/O dtype (fp32 under the interpreter), decay [chunks, H, BK] and rnorm [T, H, 2]
+fp32. Strides are in elements; `s<x>_t`, `s<x>_h` are a tensor's token and head strides.
+"""
+
+from __future__ import annotations
+
+from .schema import KernelABI, constexpr, f32, i32, ptr
+
+_GATE_INPUTS = (
+    ptr("q", "io"), ptr("k", "io"), ptr("raw_g", "io"), ptr("raw_beta", "io"), ptr("A_log", "fp32"),
+    ptr("g_bias", "fp32", doc="A_log when there is no bias (never read then)"),
+    ptr("cu_seqlens", "i32"), ptr("chunk_indices", "i32"),
+)
+
+KDA_PROLOGUE = KernelABI("kda_prologue", (
+    *_GATE_INPUTS,
+    ptr("aqk_ws", "io", writes=True), ptr("tinv_ws", "io", writes=True), ptr("rnorm_ws", "fp32", writes=True),
+    f32("scale"), f32("lower_bound"),
+    i32("sq_t"), i32("sq_h"), i32("sk_t"), i32("sk_h"), i32("sg_t"), i32("sg_h"), i32("sb_t"), i32("sb_h"),
+    i32("H"),
+    constexpr("BLOCK_K", "column-slice width"), constexpr("LOWER_BOUND", "the bounded (sigmoid) gate"),
+    constexpr("HAS_BIAS"), constexpr("USE_L2NORM"), constexpr("DIAG_REF", "diagonal blocks' reference rows"),
+    constexpr("DOT_F32", "interpreter: fp32 matrix operands"), constexpr("FP32_DOT", "per-target fp32 dot"),
+))
+
+KDA_WU = KernelABI("kda_wu", (
+    ptr("q", "io"), ptr("k", "io"), ptr("v", "io"), *_GATE_INPUTS[2:],
+    ptr("tinv_ws", "io"), ptr("rnorm_ws", "fp32"),
+    ptr("qg_ws", "io", writes=True), ptr("w_ws", "io", writes=True), ptr("kg_ws", "io", writes=True),
+    ptr("u_ws", "io", writes=True), ptr("decay_ws", "fp32", writes=True),
+    f32("lower_bound"),
+    i32("sq_t"), i32("sq_h"), i32("sk_t"), i32("sk_h"), i32("sv_t"), i32("sv_h"), i32("sg_t"), i32("sg_h"),
+    i32("sb_t"), i32("sb_h"),
+    i32("H"),
+    constexpr("BLOCK_K"), constexpr("LOWER_BOUND"), constexpr("HAS_BIAS"), constexpr("DOT_F32"),
+))
+
+KDA_RECURRENCE = KernelABI("kda_recurrence", (
+    ptr("qg_ws", "io"), ptr("w_ws", "io"), ptr("kg_ws", "io"), ptr("u_ws", "io"), ptr("aqk_ws", "io"),
+    ptr("decay_ws", "fp32"),
+    ptr("o", "io", writes=True), ptr("h0", "fp32", doc="dense initial state, or the paged cache"),
+    ptr("ht", "fp32", writes=True, doc="dense final state, or the paged cache"),
+    ptr("state_indices", "i32"), ptr("has_initial_state", "i1"),
+    ptr("cu_seqlens", "i32"), ptr("chunk_offsets", "i64"),
+    ptr("group_op", "fp32", writes=True), ptr("group_in", "fp32", writes=True),
+    f32("scale"),
+    i32("so_t"), i32("so_h"), i32("sh0_n"), i32("sh0_h"), i32("sht_n"), i32("sht_h"),
+    i32("H"), i32("n_slots"), i32("n_seq", specialize=False), i32("G", specialize=False),
+    constexpr("BLOCK_V"), constexpr("STATE_IN", "0 zeros, 1 dense, 2 paged"),
+    constexpr("STATE_OUT", "0 none, 1 dense, 2 paged"), constexpr("PASS", "0 plain walk, 1 and 2 the group split"),
+    constexpr("DOT_F32"),
+))
+
+KDA_GROUP_SCAN = KernelABI("kda_group_scan", (
+    ptr("group_op", "fp32"), ptr("group_in", "fp32", writes=True), ptr("h0", "fp32"), ptr("state_indices", "i32"),
+    ptr("has_initial_state", "i1"), ptr("cu_seqlens", "i32"),
+    i32("sh0_n"), i32("sh0_h"),
+    i32("H"), i32("n_slots"), i32("n_seq", specialize=False), i32("G", specialize=False),
+    constexpr("BLOCK_V"), constexpr("STATE_IN"), constexpr("FP32_DOT"),
+))
+
+KERNELS: dict[str, KernelABI] = {k.name: k for k in (KDA_PROLOGUE, KDA_WU, KDA_RECURRENCE, KDA_GROUP_SCAN)}

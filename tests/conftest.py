@@ -39,3 +39,30 @@ def project_copy(tmp_path: Path) -> Callable[..., Path]:
         return copy_tree(tmp_path / "project", parts or TREE)
 
     return make
+
+
+@pytest.fixture
+def set_interpreting(monkeypatch) -> Callable[[bool], None]:
+    """set_interpreting(on): what kdagen reads of TRITON_INTERPRET (once, at import) and the variable itself,
+    for tests of decisions that depend on it (no kernel runs differently: triton read it at its import)."""
+    from kdagen.runtime import device
+
+    def set_(on: bool) -> None:
+        monkeypatch.setenv("TRITON_INTERPRET", "1" if on else "0")
+        monkeypatch.setattr(device, "_INTERPRETING", on)
+
+    return set_
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plan_cache():
+    """chunk_kda_prefill reuses the plan of its last batch (Note [Plan cache]); tests that patch the
+    environment or the dispatch's collaborators must not see another test's plan."""
+    import sys
+
+    dispatch = sys.modules.get("kdagen.runtime.dispatch")
+    if dispatch is not None:
+        dispatch.clear_plans()
+    yield
+    if dispatch is not None:
+        dispatch.clear_plans()

@@ -21,7 +21,7 @@ import torch
 from .device import debug_enabled
 from .validate import OP, Problem
 
-__all__ = ["check_data", "should_check"]
+__all__ = ["check_batch", "check_checkpoint_rows", "check_data", "check_state_indices", "should_check"]
 
 
 def should_check(device: torch.device) -> bool:
@@ -111,8 +111,7 @@ def check_state_indices(state_indices: torch.Tensor, slots: int) -> None:
     _distinct("state_indices", si, si >= 0, "two sequences would write their final states to one cache row")
 
 
-def check_checkpoints(lens: torch.Tensor, chunk: int, checkpoint_offsets: torch.Tensor,
-                      checkpoint_state_indices: torch.Tensor | None, rows: int) -> None:
+def check_checkpoint_offsets(lens: torch.Tensor, chunk: int, checkpoint_offsets: torch.Tensor) -> None:
     off = _host(checkpoint_offsets)
     ok = (off == 0) | ((off > 0) & (off % chunk == 0) & (off < lens))
     if not bool(ok.all()):
@@ -121,8 +120,13 @@ def check_checkpoints(lens: torch.Tensor, chunk: int, checkpoint_offsets: torch.
               f"sequence's length {int(lens[n])}, got {int(off[n])}",
               "The kernel snapshots only at chunk boundaries inside the sequence and would store nothing; "
               "filter offsets when building the metadata")
+
+
+def check_checkpoint_rows(checkpoint_offsets: torch.Tensor, checkpoint_state_indices: torch.Tensor | None,
+                          rows: int) -> None:
     if checkpoint_state_indices is None:
         return  # row n for sequence n: in range (validate.check_checkpoint) and distinct
+    off = _host(checkpoint_offsets)
     ri = _host(checkpoint_state_indices)
     active = (off > 0) & (ri >= 0)
     bad = torch.nonzero(active & (ri >= rows)).flatten()
@@ -131,6 +135,33 @@ def check_checkpoints(lens: torch.Tensor, chunk: int, checkpoint_offsets: torch.
         _fail(f"checkpoint_state_indices must lie in [0, {rows}) (the rows of checkpoint_state; negative = "
               f"none) where checkpoint_offsets is non-zero, got checkpoint_state_indices[{n}] = {int(ri[n])}")
     _distinct("checkpoint_state_indices", ri, active, "two sequences would write their snapshots to one row")
+
+
+def check_checkpoints(lens: torch.Tensor, chunk: int, checkpoint_offsets: torch.Tensor,
+                      checkpoint_state_indices: torch.Tensor | None, rows: int) -> None:
+    check_checkpoint_offsets(lens, chunk, checkpoint_offsets)
+    check_checkpoint_rows(checkpoint_offsets, checkpoint_state_indices, rows)
+
+
+def check_batch(p: Problem, chunk_size: int, device: torch.device, *, cu_seqlens=None, cu_seqlens_cpu=None,
+                chunk_indices=None, chunk_offsets=None, checkpoint_offsets=None) -> None:
+    """The plan-level checks: everything that depends on the batch alone. On a GPU without KDAGEN_DEBUG=1
+    only cu_seqlens_cpu (a host copy, free to read) is checked."""
+    full = should_check(device)
+    if cu_seqlens is not None:
+        if not full and cu_seqlens_cpu is None:
+            return
+        lens = check_cu_seqlens(_host(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens), p.B * p.T)
+        if not full:
+            return
+        if chunk_indices is not None or chunk_offsets is not None:
+            check_chunk_metadata(lens, chunk_size, chunk_indices, chunk_offsets)
+    else:
+        if not full:
+            return
+        lens = torch.full((p.B,), p.T, dtype=torch.int64)
+    if checkpoint_offsets is not None:
+        check_checkpoint_offsets(lens, chunk_size, checkpoint_offsets)
 
 
 def check_data(p: Problem, chunk_size: int, device: torch.device, *, cu_seqlens=None, chunk_indices=None,

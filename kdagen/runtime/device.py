@@ -16,9 +16,35 @@ INTERPRETER = "interpreter"
 TRITON_COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
+def _interpret_env() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# Triton decides interpreted or compiled when a kernel module is imported; kdagen reads the flag once, here,
+# so that a flag flipped later (a notebook) is caught by check_interpreter_mode instead of failing inside Triton.
+_INTERPRETING = _interpret_env()
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 set before import)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRETING
+
+
+def check_interpreter_mode(device) -> None:
+    """Tensors and the interpreter flag agree, and the flag has not changed since kdagen was imported."""
+    now = _interpret_env()
+    if now != _INTERPRETING:
+        raise ValueError(
+            f"chunk_kda_prefill: TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r} was "
+            f"{'set' if now else 'unset'} after kdagen_kernels was imported (it was "
+            f"{'on' if _INTERPRETING else 'off'} then), and Triton reads it at import. Set it before "
+            "importing kdagen_kernels (first line of the notebook, or in the shell), then restart the process")
+    if device.type == "cpu" and not _INTERPRETING:
+        raise ValueError("chunk_kda_prefill: the tensors are on the CPU; run on a GPU, or set TRITON_INTERPRET=1 "
+                         "before importing kdagen_kernels to use Triton's CPU interpreter")
+    if device.type != "cpu" and _INTERPRETING:
+        raise ValueError(f"chunk_kda_prefill: TRITON_INTERPRET=1 is set but the tensors are on {device}; unset it "
+                         "to run the compiled kernels")
 
 
 def debug_enabled() -> bool:

@@ -1,18 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Launches of the generated Triton kernels: workspaces, grids and tuning. Arguments are checked before."""
+"""The Triton path of one plan: its workspace, grids, tuning and launches. Arguments are checked before."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import ModuleType
 
 import torch
 import triton
 
+from ..kernels.kda import KDA_GROUP_SCAN, KDA_PROLOGUE, KDA_RECURRENCE, KDA_WU
 from ..targets import TARGETS
-from .device import INTERPRETER, TRITON_COMPILE_OPTIONS, interpreting
+from .device import INTERPRETER, interpreting
 from .group_scan import check_groups, choose_groups, device_sms, env_groups
+from .launch import KernelLaunch
+from .workspace import WorkspaceLayout
 
 OP = "chunk_kda_prefill (triton)"
 GROUPS_ENV = "KDAGEN_TRITON_GROUPS"
@@ -42,95 +45,17 @@ def diag_ref(lower_bound: float | None) -> int:
     return 2 if lower_bound >= FACTORED_DIAG_MIN_LOWER_BOUND else 1
 
 
-@dataclass(frozen=True)
-class StateArgs:
-    """Where the walk reads its initial state and writes its final state (V-first [., H, V, K] fp32)."""
-
-    mode_in: int = 0  # 0 zeros, 1 dense, 2 paged
-    mode_out: int = 0  # 0 none, 1 dense, 2 paged
-    h0: torch.Tensor | None = None
-    ht: torch.Tensor | None = None
-    state_indices: torch.Tensor | None = None
-    has_initial_state: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class Workspace:
-    """What the prologue kernels write and the recurrence reads (kda-semantics.md 1.4), token-major."""
-
-    qg: torch.Tensor  # [T, H, BK]   q * exp2(G)
-    w: torch.Tensor  # [T, H, BK]    T diag(beta) (k * exp2(G))
-    kg: torch.Tensor  # [T, H, BK]   k * exp2(G_last - G)
-    u: torch.Tensor  # [T, H, BV]    T diag(beta) v
-    aqk: torch.Tensor  # [T, H, BT]  tril(Aqk), scale included
-    decay: torch.Tensor  # [chunks, H, BK] fp32 exp2(G_last)
-    tinv: torch.Tensor  # [T, H, BT]   (I + Akk)^-1, lower blocks only (kda_prologue -> kda_wu)
-    rnorm: torch.Tensor  # [T, H, 2]   fp32 1/|k|, 1/|q| (kda_prologue -> kda_wu)
-
-
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
     if target == INTERPRETER:
-        return next(iter(mod.TUNING.values()))
-    return mod.TUNING[target]
+        return dict(next(iter(mod.TUNING.values())))
+    return dict(mod.TUNING[target])
 
 
-def new_workspace(mod: ModuleType, T: int, H: int, n_chunks: int, io: torch.dtype, device) -> Workspace:
-    # The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
-    # workspace stays fp32 and CPU tests see the algorithm's own error; GPU runs store the I/O dtype.
-    io = torch.float32 if interpreting() else io
-    qg = torch.empty(T, H, mod.BK, dtype=io, device=device)
-    return Workspace(qg=qg, w=torch.empty_like(qg), kg=torch.empty_like(qg),
-                     u=torch.empty(T, H, mod.BV, dtype=io, device=device),
-                     aqk=torch.empty(T, H, mod.CHUNK_SIZE, dtype=io, device=device),
-                     decay=torch.empty(max(n_chunks, 1), H, mod.BK, dtype=torch.float32, device=device),
-                     tinv=torch.empty(T, H, mod.CHUNK_SIZE, dtype=io, device=device),
-                     rnorm=torch.empty(T, H, 2, dtype=torch.float32, device=device))
-
-
-def launch_prologue(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, target: str, q, k, raw_g, raw_beta,
-                    A_log, g_bias, scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens,
-                    chunk_indices) -> None:
-    """kda_prologue: aqk, and the inverse and row norms that kda_wu reads."""
-    n_chunks, H = chunk_indices.shape[0], q.shape[2]
-    if n_chunks == 0 or H == 0:
-        return
-    mod.kda_prologue[(n_chunks, H)](
-        q, k, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log, cu_seqlens, chunk_indices,
-        ws.aqk, ws.tinv, ws.rnorm,
-        float(scale), float(lower_bound) if lower_bound is not None else 0.0,
-        q.stride(1), q.stride(2), k.stride(1), k.stride(2),
-        raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
-        H,
-        BLOCK_K=tun["prologue_block_k"],  # the spec loader bounds it by the head dims
-        LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None, USE_L2NORM=bool(use_qk_l2norm),
-        DIAG_REF=diag_ref(lower_bound), DOT_F32=interpreting(), FP32_DOT=fp32_dot(target),
-        num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"], **TRITON_COMPILE_OPTIONS,
-    )
-
-
-def launch_wu(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, q, k, v, raw_g, raw_beta, A_log, g_bias,
-              lower_bound: float | None, cu_seqlens, chunk_indices) -> None:
-    """kda_wu, after kda_prologue: qg, kg, decay, w, u."""
-    n_chunks, H = chunk_indices.shape[0], q.shape[2]
-    if n_chunks == 0 or H == 0:
-        return
-    mod.kda_wu[(n_chunks, H)](
-        q, k, v, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log, cu_seqlens, chunk_indices,
-        ws.tinv, ws.rnorm, ws.qg, ws.w, ws.kg, ws.u, ws.decay,
-        float(lower_bound) if lower_bound is not None else 0.0,
-        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-        raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
-        H,
-        BLOCK_K=tun["wu_block_k"], LOWER_BOUND=lower_bound is not None, HAS_BIAS=g_bias is not None,
-        DOT_F32=interpreting(),
-        num_warps=tun["wu_warps"], num_stages=tun["wu_stages"], **TRITON_COMPILE_OPTIONS,
-    )
-
-
-def recurrence_groups(mod: ModuleType, tun: dict[str, int], n_seq: int, H: int, n_chunks: int,
-                      device: torch.device) -> int:
-    """KDAGEN_TRITON_GROUPS, else the cost model's count (1 under the interpreter: no SMs to fill)."""
-    forced = env_groups(GROUPS_ENV)
+def recurrence_groups(mod: ModuleType, tun: Mapping[str, int], n_seq: int, H: int, n_chunks: int,
+                      device: torch.device, groups: int | None = None) -> int:
+    """`groups` when given; else KDAGEN_TRITON_GROUPS (an override for experiments); else the cost model's
+    count (1 under the interpreter: no SMs to fill)."""
+    forced = groups if groups is not None else env_groups(GROUPS_ENV)
     if forced is not None:
         return check_groups(forced, OP)
     sms = device_sms(device)
@@ -146,7 +71,7 @@ def recurrence_groups(mod: ModuleType, tun: dict[str, int], n_seq: int, H: int, 
                          RECURRENCE_PROGRAMS_PER_SM, pass1_step=PASS1_STEP, scan_step=SCAN_STEP)
 
 
-def recurrence_stages(tun: dict[str, int], programs: int, sms: int | None) -> int:
+def recurrence_stages(tun: Mapping[str, int], programs: int, sms: int | None) -> int:
     """Pipeline stages of one walk launch. Fewer stages take less shared memory, so more walks share an
     SM; a launch with no more programs than SMs gains nothing from that and takes the deeper pipeline
     (docs/perf-notes.md section 15). Without a GPU (sms None), recurrence_stages."""
@@ -159,75 +84,118 @@ def fp32_dot(target: str) -> str:
     return "ieee" if target == INTERPRETER or target not in TARGETS else TARGETS[target].triton_fp32_dot
 
 
-def launch_recurrence(mod: ModuleType, tun: dict[str, int], ws: Workspace, *, target: str, scale: float,
-                      cu_seqlens, chunk_offsets, out: torch.Tensor, state: StateArgs, groups: int = 1) -> None:
-    """The state walk and the output: one pass (groups = 1), or pass 1, kda_group_scan and pass 2."""
-    n_seq, H, V = cu_seqlens.numel() - 1, out.shape[2], out.shape[3]
-    if n_seq == 0 or H == 0:
-        return
-    groups = check_groups(groups, OP)
-    BK, BV = mod.BK, mod.BV
-    block_v = min(tun["block_v"], BV)
-    h0 = state.h0 if state.h0 is not None else ws.decay  # any valid pointer when unused
-    ht = state.ht if state.ht is not None else ws.decay
-    idx = state.state_indices if state.state_indices is not None else cu_seqlens
-    flag = state.has_initial_state if state.has_initial_state is not None else cu_seqlens
-    sh0 = (h0.stride(0), h0.stride(1)) if state.h0 is not None else (0, 0)
-    sht = (ht.stride(0), ht.stride(1)) if state.ht is not None else (0, 0)
-    n_slots = state.ht.shape[0] if state.mode_out == 2 and state.ht is not None else \
-        state.h0.shape[0] if state.mode_in == 2 and state.h0 is not None else 0
-    # Group workspaces (fp32): pass 1's operator rows [G - 1, N, H, BV + BK, BK] (B_g, then M_g) and the
-    # scanned start states [G, N, H, BV, BK].
-    group_op = group_in = ws.decay
+
+
+# Per-run arguments, filled by the plan's run from the layer's tensors (kdagen/kernels/kda.py names them).
+_GATE_RUN = ("q", "k", "raw_g", "raw_beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sg_t", "sg_h",
+             "sb_t", "sb_h")
+_WALK_RUN = ("o", "h0", "ht", "scale", "so_t", "so_h", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots")
+_SCAN_RUN = ("h0", "sh0_n", "sh0_h", "n_slots")
+
+
+def workspace_layout(mod: ModuleType, T: int, H: int, n_chunks: int, N: int, groups: int,
+                     io: torch.dtype) -> WorkspaceLayout:
+    """What the prologue kernels write and the recurrence reads (docs/design.md section 1.4), token-major.
+
+    The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
+    workspace stays fp32 and CPU tests see the algorithm's own error; GPU runs store the I/O dtype.
+    Group workspaces (fp32, G > 1): pass 1's operator rows [G - 1, N, H, BV + BK, BK] (B_g, then M_g) and
+    the scanned start states [G, N, H, BV, BK].
+    """
+    io = torch.float32 if interpreting() else io
+    f32 = torch.float32
+    bufs = [("qg", (T, H, mod.BK), io), ("w", (T, H, mod.BK), io), ("kg", (T, H, mod.BK), io),
+            ("u", (T, H, mod.BV), io), ("aqk", (T, H, mod.CHUNK_SIZE), io), ("tinv", (T, H, mod.CHUNK_SIZE), io),
+            ("rnorm", (T, H, 2), f32), ("decay", (max(n_chunks, 1), H, mod.BK), f32)]
     if groups > 1:
-        group_op = torch.empty(groups - 1, n_seq, H, BV + BK, BK, dtype=torch.float32, device=out.device)
-        group_in = torch.empty(groups, n_seq, H, BV, BK, dtype=torch.float32, device=out.device)
-
-    sms = device_sms(out.device)
-
-    def walk(pass_: int, rows: int, grid_groups: int, block: int) -> None:
-        grid = (n_seq * H, triton.cdiv(rows, block), grid_groups)
-        mod.kda_recurrence[grid](
-            ws.qg, ws.w, ws.kg, ws.u, ws.aqk, ws.decay,
-            out, h0, ht, idx, flag,
-            cu_seqlens, chunk_offsets, group_op, group_in,
-            float(scale),
-            out.stride(1), out.stride(2), *sh0, *sht,
-            H, n_slots, n_seq, groups,
-            BLOCK_V=block, STATE_IN=state.mode_in, STATE_OUT=state.mode_out, PASS=pass_,
-            DOT_F32=interpreting(),
-            num_warps=tun["recurrence_warps"], num_stages=recurrence_stages(tun, grid[0] * grid[1] * grid[2], sms),
-            **TRITON_COMPILE_OPTIONS,
-        )
-
-    if groups == 1:
-        walk(0, V, 1, block_v)
-        return
-    # Pass 1's row slices must not straddle the state / transfer boundary at BV: a block dividing BV and BK.
-    walk(1, BV + BK, groups - 1, min(block_v, BK))
-    mod.kda_group_scan[(n_seq * H, triton.cdiv(BV, min(SCAN_ROWS, BV)))](
-        group_op, group_in, h0, idx, flag, cu_seqlens, *sh0,
-        H, n_slots, n_seq, groups,
-        BLOCK_V=min(SCAN_ROWS, BV), STATE_IN=state.mode_in, FP32_DOT=fp32_dot(target),
-        num_warps=4, num_stages=1, **TRITON_COMPILE_OPTIONS,
-    )
-    walk(2, V, groups, block_v)
+        bufs += [("group_op", (groups - 1, N, H, mod.BV + mod.BK, mod.BK), f32),
+                 ("group_in", (groups, N, H, mod.BV, mod.BK), f32)]
+    return WorkspaceLayout.of(bufs)
 
 
-def run(mod: ModuleType, *, target: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        raw_g: torch.Tensor, raw_beta: torch.Tensor, A_log: torch.Tensor, g_bias: torch.Tensor | None,
-        scale: float, lower_bound: float | None, use_qk_l2norm: bool, cu_seqlens: torch.Tensor,
-        chunk_indices: torch.Tensor, chunk_offsets: torch.Tensor, out: torch.Tensor,
-        state: StateArgs) -> None:
-    """Run the three kernels for packed [1, T, H, *] inputs, writing `out` and the states in place."""
-    _, T, H, _ = q.shape
-    tun = tuning_for(mod, target)
-    # Before any launch: a bad KDAGEN_TRITON_GROUPS must fail before anything is written.
-    groups = recurrence_groups(mod, tun, cu_seqlens.numel() - 1, H, chunk_indices.shape[0], q.device)
-    ws = new_workspace(mod, T, H, chunk_indices.shape[0], q.dtype, q.device)
-    gates = dict(q=q, k=k, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias, lower_bound=lower_bound,
-                 cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
-    launch_prologue(mod, tun, ws, target=target, **gates, scale=scale, use_qk_l2norm=use_qk_l2norm)
-    launch_wu(mod, tun, ws, **gates, v=v)
-    launch_recurrence(mod, tun, ws, target=target, scale=scale, cu_seqlens=cu_seqlens,
-                      chunk_offsets=chunk_offsets, out=out, state=state, groups=groups)
+class TritonProgram:
+    """Every launch of one plan on the Triton path, built once; `run(values, state_in)` launches them.
+
+    state_in: 0 zeros, 1 dense initial_state, 2 the paged cache (the recurrence's STATE_IN); the walk
+    launches for each state_in the plan can see are built up front.
+    """
+
+    def __init__(self, mod: ModuleType, *, target: str, tuning: Mapping[str, int], ws: Mapping[str, torch.Tensor],
+                 H: int, N: int, n_chunks: int, groups: int, lower_bound: float | None, has_bias: bool,
+                 use_l2norm: bool, cu_seqlens: torch.Tensor, chunk_indices: torch.Tensor,
+                 chunk_offsets: torch.Tensor, state_ins: tuple[int, ...], state_out: int,
+                 state_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
+                 device: torch.device):
+        tun = tuning
+        self.groups = groups = check_groups(groups, OP)
+        lb = float(lower_bound) if lower_bound is not None else 0.0
+        dot_f32 = interpreting()
+        self.prologue: KernelLaunch | None = None
+        self.wu: KernelLaunch | None = None
+        if n_chunks > 0 and H > 0:
+            chunk_static = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=lb, H=H)
+            gates = dict(LOWER_BOUND=lower_bound is not None, HAS_BIAS=has_bias, DOT_F32=dot_f32)
+            self.prologue = KernelLaunch(
+                mod, KDA_PROLOGUE, (n_chunks, H),
+                constexprs=dict(gates, BLOCK_K=tun["prologue_block_k"], USE_L2NORM=use_l2norm,
+                                DIAG_REF=diag_ref(lower_bound), FP32_DOT=fp32_dot(target)),
+                options=dict(num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"]),
+                static=dict(chunk_static, aqk_ws=ws["aqk"], tinv_ws=ws["tinv"], rnorm_ws=ws["rnorm"]),
+                dynamic=_GATE_RUN + ("scale",))
+            self.wu = KernelLaunch(
+                mod, KDA_WU, (n_chunks, H), constexprs=dict(gates, BLOCK_K=tun["wu_block_k"]),
+                options=dict(num_warps=tun["wu_warps"], num_stages=tun["wu_stages"]),
+                static=dict(chunk_static, tinv_ws=ws["tinv"], rnorm_ws=ws["rnorm"], qg_ws=ws["qg"], w_ws=ws["w"],
+                            kg_ws=ws["kg"], u_ws=ws["u"], decay_ws=ws["decay"]),
+                dynamic=_GATE_RUN + ("v", "sv_t", "sv_h"))
+        self.walks: dict[int, tuple[KernelLaunch, ...]] = {}
+        if N > 0 and H > 0:
+            # Any valid pointer stands in for an unused argument; the constexprs keep the kernel from reading it.
+            spare = ws["decay"]
+            idx = state_indices if state_indices is not None else cu_seqlens
+            flag = has_initial_state if has_initial_state is not None else cu_seqlens
+            group_op, group_in = ws.get("group_op", spare), ws.get("group_in", spare)
+            sms = device_sms(device)
+            block_v = min(tun["block_v"], mod.BV)
+            walk_static = dict(qg_ws=ws["qg"], w_ws=ws["w"], kg_ws=ws["kg"], u_ws=ws["u"], aqk_ws=ws["aqk"],
+                               decay_ws=ws["decay"], state_indices=idx, has_initial_state=flag,
+                               cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, group_op=group_op,
+                               group_in=group_in, H=H, n_seq=N, G=groups)
+
+            def walk(pass_: int, rows: int, grid_groups: int, block: int, state_in: int) -> KernelLaunch:
+                grid = (N * H, triton.cdiv(rows, block), grid_groups)
+                return KernelLaunch(
+                    mod, KDA_RECURRENCE, grid,
+                    constexprs=dict(BLOCK_V=block, STATE_IN=state_in, STATE_OUT=state_out, PASS=pass_,
+                                    DOT_F32=dot_f32),
+                    options=dict(num_warps=tun["recurrence_warps"],
+                                 num_stages=recurrence_stages(tun, grid[0] * grid[1] * grid[2], sms)),
+                    static=walk_static, dynamic=_WALK_RUN)
+
+            for state_in in state_ins:
+                if groups == 1:
+                    self.walks[state_in] = (walk(0, mod.HEAD_DIM_V, 1, block_v, state_in),)
+                    continue
+                # Pass 1's row slices must not straddle the state / transfer boundary at BV: a block dividing
+                # BV and BK.
+                scan_rows = min(SCAN_ROWS, mod.BV)
+                scan = KernelLaunch(
+                    mod, KDA_GROUP_SCAN, (N * H, triton.cdiv(mod.BV, scan_rows)),
+                    constexprs=dict(BLOCK_V=scan_rows, STATE_IN=state_in, FP32_DOT=fp32_dot(target)),
+                    options=dict(num_warps=4, num_stages=1),
+                    static=dict(group_op=group_op, group_in=group_in, state_indices=idx, has_initial_state=flag,
+                                cu_seqlens=cu_seqlens, H=H, n_seq=N, G=groups),
+                    dynamic=_SCAN_RUN)
+                self.walks[state_in] = (walk(1, mod.BV + mod.BK, groups - 1, min(block_v, mod.BK), state_in), scan,
+                                        walk(2, mod.HEAD_DIM_V, groups, block_v, state_in))
+
+    def launches(self, state_in: int) -> tuple[KernelLaunch, ...]:
+        pre = tuple(x for x in (self.prologue, self.wu) if x is not None)
+        return pre + self.walks.get(state_in, ())
+
+    def run(self, values: Mapping[str, object], state_in: int) -> None:
+        if self.prologue is not None:
+            self.prologue(values)
+            self.wu(values)  # type: ignore[misc]
+        for launch in self.walks.get(state_in, ()):
+            launch(values)

@@ -43,6 +43,17 @@ def tensor(arg: str, t: object, *, dims: int | None = None, dtypes: tuple[torch.
     return t
 
 
+def same_io_dtype(arg: str, t: object, q: torch.Tensor) -> None:
+    """k and v share q's I/O dtype; the message names both tensors, not just the one checked second."""
+    tensor(arg, t, dims=4)
+    assert isinstance(t, torch.Tensor)
+    if t.dtype != q.dtype:
+        fail(arg, f"{q.dtype} like q (q, k and v share one I/O dtype, bfloat16 or float16)",
+             f"{arg} {t.dtype} with q {q.dtype}", f"Cast q, k and v to one dtype, e.g. {arg}.to(q.dtype)",
+             exc=TypeError)
+    tensor(arg, t, device=q.device)
+
+
 def shape(arg: str, t: torch.Tensor, expected: tuple[int, ...], what: str) -> None:
     if tuple(t.shape) != expected:
         fail(arg, f"of shape {list(expected)} ({what})", _desc(t))
@@ -125,44 +136,7 @@ def no_overlap(arg: str, t: torch.Tensor, other: str, o: torch.Tensor | None, wh
              f"Pass a separate buffer as {arg}")
 
 
-@dataclass(frozen=True)
-class Problem:
-    B: int
-    T: int
-    H: int
-    K: int
-    V: int
-    N: int  # sequences
-
-
-def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu_seqlens,
-                 chunk_indices, chunk_offsets, initial_state, out) -> Problem:
-    q = tensor("q", q, dims=4, dtypes=IO_DTYPES)
-    dev = q.device
-    B, T, H, K = q.shape
-    tensor("k", k, dims=4, dtypes=(q.dtype,), device=dev)
-    shape("k", k, (B, T, H, K), "like q")
-    tensor("v", v, dims=4, dtypes=(q.dtype,), device=dev)
-    if tuple(v.shape[:3]) != (B, T, H):
-        fail("v", f"of shape [{B}, {T}, {H}, V] (q's batch, tokens and heads)", _desc(v))
-    V = v.shape[3]
-    tensor("raw_g", raw_g, dims=4, dtypes=FLOAT_DTYPES, device=dev)
-    shape("raw_g", raw_g, (B, T, H, K), "the gate projection, one value per key channel")
-    tensor("raw_beta", raw_beta, dims=3, dtypes=FLOAT_DTYPES, device=dev)
-    shape("raw_beta", raw_beta, (B, T, H), "one beta logit per token and head")
-    for name, t in (("q", q), ("k", k), ("v", v), ("raw_g", raw_g)):
-        unit_last_stride(name, t)
-    tensor("A_log", A_log, dtypes=FLOAT_DTYPES, device=dev)
-    if A_log.numel() != H:
-        fail("A_log", f"{H} values (one per head)", _desc(A_log))
-    if g_bias is not None:
-        tensor("g_bias", g_bias, dtypes=FLOAT_DTYPES, device=dev)
-        if g_bias.numel() != H * K:
-            fail("g_bias", f"{H * K} values (H * K, viewed [H, K])", _desc(g_bias))
-    if not _real(scale):
-        fail("scale", "None or a finite float", _what(scale), exc=TypeError)
-    if not math.isfinite(scale):
-        fail("scale", "None or a finite float", repr(scale), "The default is K ** -0.5")
+def check_gate_form(lower_bound) -> None:
     if lower_bound is not None and not _real(lower_bound):
         fail("lower_bound", "None or a finite negative float (the gate lies in (lower_bound, 0))",
              _what(lower_bound), exc=TypeError)
@@ -170,6 +144,9 @@ def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu
         fail("lower_bound", "None or a finite negative float (the gate lies in (lower_bound, 0))",
              repr(lower_bound))
 
+
+def check_batch_metadata(B: int, dev, cu_seqlens, chunk_indices, chunk_offsets) -> int:
+    """cu_seqlens / chunk_indices / chunk_offsets (dtypes, ranks, device, contiguity); returns N."""
     if cu_seqlens is not None:
         tensor("cu_seqlens", cu_seqlens, dims=1, dtypes=INDEX_DTYPES, device=dev)
         if cu_seqlens.numel() < 1:
@@ -193,6 +170,50 @@ def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu
         if chunk_offsets.numel() != N + 1 or not chunk_offsets.is_contiguous():
             fail("chunk_offsets", f"a contiguous [{N + 1}] tensor (N + 1 for {N} sequences)",
                  _desc(chunk_offsets))
+    return N
+
+
+@dataclass(frozen=True)
+class Problem:
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    N: int  # sequences
+
+
+def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu_seqlens,
+                 chunk_indices, chunk_offsets, initial_state, out) -> Problem:
+    q = tensor("q", q, dims=4, dtypes=IO_DTYPES)
+    dev = q.device
+    B, T, H, K = q.shape
+    same_io_dtype("k", k, q)
+    shape("k", k, (B, T, H, K), "like q")
+    same_io_dtype("v", v, q)
+    if tuple(v.shape[:3]) != (B, T, H):
+        fail("v", f"of shape [{B}, {T}, {H}, V] (q's batch, tokens and heads)", _desc(v))
+    V = v.shape[3]
+    tensor("raw_g", raw_g, dims=4, dtypes=FLOAT_DTYPES, device=dev)
+    shape("raw_g", raw_g, (B, T, H, K), "the gate projection, one value per key channel")
+    tensor("raw_beta", raw_beta, dims=3, dtypes=FLOAT_DTYPES, device=dev)
+    shape("raw_beta", raw_beta, (B, T, H), "one beta logit per token and head")
+    for name, t in (("q", q), ("k", k), ("v", v), ("raw_g", raw_g)):
+        unit_last_stride(name, t)
+    tensor("A_log", A_log, dtypes=FLOAT_DTYPES, device=dev)
+    if A_log.numel() != H:
+        fail("A_log", f"{H} values (one per head)", _desc(A_log))
+    if g_bias is not None:
+        tensor("g_bias", g_bias, dtypes=FLOAT_DTYPES, device=dev)
+        if g_bias.numel() != H * K:
+            fail("g_bias", f"{H * K} values (H * K, viewed [H, K])", _desc(g_bias))
+    if not _real(scale):
+        fail("scale", "None or a finite float", _what(scale), exc=TypeError)
+    if not math.isfinite(scale):
+        fail("scale", "None or a finite float", repr(scale), "The default is K ** -0.5")
+    check_gate_form(lower_bound)
+
+    N = check_batch_metadata(B, dev, cu_seqlens, chunk_indices, chunk_offsets)
     if initial_state is not None:
         tensor("initial_state", initial_state, dims=4, dtypes=(torch.float32,), device=dev)
         shape("initial_state", initial_state, (N, H, V, K), "[N, H, V, K] V-first fp32")
@@ -217,6 +238,11 @@ def check_state_cache(p: Problem, state_cache, state_indices, has_initial_state,
     if state_cache.stride()[1:] != (p.V * p.K, p.K, 1):
         fail("state_cache", "dense within each row ([H, V, K] contiguous; the row stride may be padded)",
              f"strides {state_cache.stride()}")
+    check_state_routing(p, device, state_indices, has_initial_state)
+
+
+def check_state_routing(p: Problem, device, state_indices, has_initial_state) -> None:
+    """state_indices / has_initial_state: one int / bool per sequence, contiguous, on the device."""
     tensor("state_indices", state_indices, dims=1, dtypes=INDEX_DTYPES, device=device)
     shape("state_indices", state_indices, (p.N,), "one cache row per sequence")
     contiguous_1d("state_indices", state_indices)
@@ -268,6 +294,17 @@ def check_checkpoint(p: Problem, device, checkpoint_state, checkpoint_offsets, c
             fail("checkpoint_state", f"at least {p.N} rows (row n is sequence n's snapshot without "
                  "checkpoint_state_indices)", _desc(checkpoint_state), "Pass checkpoint_state_indices to route rows")
     else:
+        tensor("checkpoint_state_indices", checkpoint_state_indices, dims=1, dtypes=INDEX_DTYPES, device=device)
+        shape("checkpoint_state_indices", checkpoint_state_indices, (p.N,), "one destination row per sequence")
+        contiguous_1d("checkpoint_state_indices", checkpoint_state_indices)
+
+
+def check_checkpoint_routing(p: Problem, device, checkpoint_offsets, checkpoint_state_indices) -> None:
+    """The plan-level half of check_checkpoint: offsets int [N] and the optional destination rows int [N]."""
+    tensor("checkpoint_offsets", checkpoint_offsets, dims=1, dtypes=INDEX_DTYPES, device=device)
+    shape("checkpoint_offsets", checkpoint_offsets, (p.N,), "one token offset per sequence, 0 for none")
+    contiguous_1d("checkpoint_offsets", checkpoint_offsets)
+    if checkpoint_state_indices is not None:
         tensor("checkpoint_state_indices", checkpoint_state_indices, dims=1, dtypes=INDEX_DTYPES, device=device)
         shape("checkpoint_state_indices", checkpoint_state_indices, (p.N,), "one destination row per sequence")
         contiguous_1d("checkpoint_state_indices", checkpoint_state_indices)

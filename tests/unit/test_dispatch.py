@@ -95,7 +95,7 @@ def test_unknown_head_dims_name_the_spec_to_edit():
 
 @pytest.mark.parametrize("mutate,exc,needle", [
     (lambda a: a.update(k=a["k"][..., :64]), ValueError, "k must be of shape"),
-    (lambda a: a.update(v=a["v"].float()), TypeError, "v must be one of torch.bfloat16"),
+    (lambda a: a.update(v=a["v"].float()), TypeError, "v must be torch.bfloat16 like q (q, k and v share one I/O dtype"),
     (lambda a: a.update(q=a["q"].float(), k=a["k"].float()), TypeError, "q must be one of"),
     (lambda a: a.update(raw_beta=a["raw_beta"][..., None]), ValueError, "raw_beta must be 3-D"),
     (lambda a: a.update(A_log=a["A_log"][:1]), ValueError, "A_log must be 2 values"),
@@ -139,8 +139,8 @@ def test_state_cache_shape_is_checked():
                                          has_initial_state=torch.tensor([True, False]))
 
 
-def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch, set_interpreting):
+    set_interpreting(False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         kdagen_kernels.chunk_kda_prefill(**_args())
 
@@ -206,31 +206,53 @@ def test_triton_group_count_env_and_cpu(monkeypatch):
         triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu"))
 
 
-def test_recurrence_passes_and_their_row_blocks():
-    # The plain walk and pass 2 keep the spec's V slice; only pass 1 (rows BV + BK, split at BV) needs a
-    # block that divides BK too. Here K = 32 < block_v = 64 < V = 128.
+class _FakeKernel:
+    """A generated kernel as a plan's launches see it: records (name, grid, PASS, BLOCK_V, num_stages, fp fusion)."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: self.calls.append(
+            (self.name, grid, kw.get("PASS"), kw.get("BLOCK_V"), kw["num_stages"], kw.get("enable_fp_fusion")))
+
+
+def _program(monkeypatch, *, BK, BV, V, T, N, H, groups, sms, tun=None):
     from kdagen.runtime import triton_path
 
     calls = []
+    names = ("kda_prologue", "kda_wu", "kda_recurrence", "kda_group_scan")
+    mod = types.SimpleNamespace(BK=BK, BV=BV, HEAD_DIM_V=V, CHUNK_SIZE=64, **{n: _FakeKernel(n, calls) for n in names})
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: sms)
+    tun = tun or {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 2, "recurrence_stages_sparse": 2,
+                  "prologue_block_k": 32, "prologue_warps": 1, "prologue_stages": 1, "wu_block_k": 64,
+                  "wu_warps": 4, "wu_stages": 1}
+    layout = triton_path.workspace_layout(mod, T, H, 1, N, groups, torch.bfloat16)
+    ws = layout.views(torch.empty(layout.nbytes, dtype=torch.uint8))
+    cu = torch.zeros(N + 1, dtype=torch.int32)
+    program = triton_path.TritonProgram(
+        mod, target="sm_90", tuning=tun, ws=ws, H=H, N=N, n_chunks=2, groups=groups, lower_bound=-5.0,
+        has_bias=True, use_l2norm=True, cu_seqlens=cu, chunk_indices=torch.zeros(2, 2, dtype=torch.int32),
+        chunk_offsets=torch.zeros(N + 1, dtype=torch.int64), state_ins=(0, 1), state_out=1, state_indices=None,
+        has_initial_state=None, device=torch.device("cpu"))
+    values = {n: 0 for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale", "sq_t", "sq_h", "sk_t",
+                             "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "o", "so_t", "so_h", "h0", "ht",
+                             "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots")}
+    return program, values, calls
 
-    class Kernel:
-        def __init__(self, name):
-            self.name = name
 
-        def __getitem__(self, grid):
-            return lambda *a, **kw: calls.append((self.name, kw.get("PASS"), grid, kw["BLOCK_V"]))
-
-    mod = types.SimpleNamespace(BK=32, BV=128, kda_recurrence=Kernel("walk"), kda_group_scan=Kernel("scan"))
-    ws = types.SimpleNamespace(qg=None, w=None, kg=None, u=None, aqk=None, decay=torch.zeros(1))
-    tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 2}
-    kw = dict(target="interpreter", scale=1.0, cu_seqlens=torch.tensor([0, 10, 300]),
-              chunk_offsets=torch.tensor([0, 1, 6]), out=torch.empty(1, 300, 3, 128),
-              state=triton_path.StateArgs())
-    triton_path.launch_recurrence(mod, tun, ws, **kw, groups=1)
-    assert calls == [("walk", 0, (6, 2, 1), 64)]
-    calls.clear()
-    triton_path.launch_recurrence(mod, tun, ws, **kw, groups=3)
-    assert calls == [("walk", 1, (6, 5, 2), 32), ("scan", None, (6, 8), 16), ("walk", 2, (6, 2, 3), 64)]
+def test_recurrence_passes_and_their_row_blocks(monkeypatch):
+    # The plain walk and pass 2 keep the spec's V slice; only pass 1 (rows BV + BK, split at BV) needs a
+    # block that divides BK too. Here K = 32 < block_v = 64 < V = 128.
+    program, values, calls = _program(monkeypatch, BK=32, BV=128, V=128, T=300, N=2, H=3, groups=1, sms=None)
+    program.run(values, 1)
+    walks = [(n, g, p, b) for n, g, p, b, _, _ in calls if n in ("kda_recurrence", "kda_group_scan")]
+    assert walks == [("kda_recurrence", (6, 2, 1), 0, 64)]
+    program, values, calls = _program(monkeypatch, BK=32, BV=128, V=128, T=300, N=2, H=3, groups=3, sms=None)
+    program.run(values, 1)
+    walks = [(n, g, p, b) for n, g, p, b, _, _ in calls if n in ("kda_recurrence", "kda_group_scan")]
+    assert walks == [("kda_recurrence", (6, 5, 2), 1, 32), ("kda_group_scan", (6, 8), None, 16),
+                     ("kda_recurrence", (6, 2, 3), 2, 64)]
 
 
 def test_walk_stages_follow_the_programs_per_sm(monkeypatch):
@@ -238,27 +260,44 @@ def test_walk_stages_follow_the_programs_per_sm(monkeypatch):
     # recurrence_stages_sparse when each program has an SM to itself; no GPU: recurrence_stages.
     from kdagen.runtime import triton_path
 
-    tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 1, "recurrence_stages_sparse": 2}
+    tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 1, "recurrence_stages_sparse": 2,
+           "prologue_block_k": 32, "prologue_warps": 1, "prologue_stages": 1, "wu_block_k": 64, "wu_warps": 4,
+           "wu_stages": 1}
     assert triton_path.recurrence_stages(tun, 132, 132) == 2
     assert triton_path.recurrence_stages(tun, 133, 132) == 1
     assert triton_path.recurrence_stages(tun, 1, None) == 1
+    # H=12 T=4096 at G=4 on 132 SMs: pass 1 has 12 x 4 x 3 = 144 programs (> 132 SMs), pass 2 12 x 2 x 4 = 96.
+    program, values, calls = _program(monkeypatch, BK=128, BV=128, V=128, T=4096, N=1, H=12, groups=4, sms=132,
+                                      tun=tun)
+    program.run(values, 0)
+    assert [(p, st) for n, _, p, _, st, _ in calls if n == "kda_recurrence"] == [(1, 1), (2, 2)]
 
-    calls = []
+
+def test_every_triton_launch_pins_fp_fusion(monkeypatch):
+    # Triton 3.9 warns when enable_fp_fusion is left unset and 3.10 changes its default; the kernels were
+    # measured with it on, so each launch (and aot.compile_variant) passes TRITON_COMPILE_OPTIONS.
+    from kdagen.runtime import metadata
+    from kdagen.runtime.device import TRITON_COMPILE_OPTIONS
+
+    assert TRITON_COMPILE_OPTIONS == {"enable_fp_fusion": True}
+    program, values, calls = _program(monkeypatch, BK=128, BV=128, V=128, T=128, N=1, H=2, groups=2, sms=None)
+    program.run(values, 0)
+    names = ["kda_prologue", "kda_wu", "kda_recurrence", "kda_group_scan", "kda_recurrence"]
+    assert [(n, f) for n, *_, f in calls] == [(n, True) for n in names]
+    launched = {}
 
     class Kernel:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: calls.append((kw.get("PASS"), grid, kw["num_stages"]))
+        def __init__(self, name):
+            self.name = name
 
-    # A GPU of 132 SMs as far as the launch sees (the fake kernels run nothing; `out` stays on the CPU).
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
-    mod = types.SimpleNamespace(BK=128, BV=128, kda_recurrence=Kernel(), kda_group_scan=Kernel())
-    ws = types.SimpleNamespace(qg=None, w=None, kg=None, u=None, aqk=None, decay=torch.zeros(1))
-    kw = dict(target="sm_90", scale=1.0, cu_seqlens=torch.tensor([0, 4096]), chunk_offsets=torch.tensor([0, 64]),
-              out=torch.empty(1, 4096, 12, 128), state=triton_path.StateArgs())
-    # H=12 T=4096 at G=4: pass 1 has 12 x 4 x 3 = 144 programs (> 132 SMs), pass 2 12 x 2 x 4 = 96.
-    triton_path.launch_recurrence(mod, tun, ws, **kw, groups=4)
-    walks = [(p, s) for p, _, s in calls if p is not None]
-    assert walks == [(1, 1), (2, 2)]
+        def __getitem__(self, grid):
+            return lambda *a, **kw: launched.setdefault(self.name, []).append(kw.get("enable_fp_fusion"))
+
+    meta = ("chunk_block_sums_kernel", "chunk_metadata_fill_kernel")
+    cu = torch.tensor([0, 128], dtype=torch.int32)
+    metadata.prepare_chunk_metadata_device(cu, cu, 64, kernels=types.SimpleNamespace(**{n: Kernel(n) for n in meta}),
+                                           chunk_sizes=(64,))
+    assert launched == {n: [True] for n in meta}
 
 
 def test_device_sms_is_none_on_the_cpu_and_per_index_on_a_gpu(monkeypatch):
@@ -269,36 +308,12 @@ def test_device_sms_is_none_on_the_cpu_and_per_index_on_a_gpu(monkeypatch):
     assert group_scan.device_sms(torch.device("cuda", 1)) == 101
 
 
-def test_every_triton_launch_pins_fp_fusion(monkeypatch):
-    # Triton 3.9 warns when enable_fp_fusion is left unset and 3.10 changes its default; the kernels were
-    # measured with it on, so each launch (and aot.compile_variant) passes TRITON_COMPILE_OPTIONS.
-    from kdagen.runtime import metadata, triton_path
-    from kdagen.runtime.device import TRITON_COMPILE_OPTIONS
+def test_the_interpreter_flag_flipped_after_import_is_named(monkeypatch):
+    # A notebook that sets TRITON_INTERPRET=1 after importing kdagen_kernels gets this, not Triton's error
+    # from inside a kernel.
+    from kdagen.runtime import device
 
-    assert TRITON_COMPILE_OPTIONS == {"enable_fp_fusion": True}
-    launched = {}
-
-    class Kernel:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *a, **kw: launched.setdefault(self.name, []).append(kw.get("enable_fp_fusion"))
-
-    names = ("kda_prologue", "kda_wu", "kda_recurrence", "kda_group_scan", "chunk_block_sums_kernel",
-             "chunk_metadata_fill_kernel")
-    mod = types.SimpleNamespace(BK=128, BV=128, **{n: Kernel(n) for n in names})
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: None)
-    x = torch.zeros(1, 128, 2, 128)
-    ws = triton_path.Workspace(*(torch.zeros(1),) * 8)
-    cu, ci = torch.tensor([0, 128], dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)
-    common = dict(q=x, k=x, raw_g=x, raw_beta=x[..., 0], A_log=torch.zeros(2), g_bias=None, lower_bound=-5.0,
-                  cu_seqlens=cu, chunk_indices=ci)
-    triton_path.launch_prologue(mod, {"prologue_block_k": 32, "prologue_warps": 1, "prologue_stages": 1}, ws,
-                                target="sm_90", scale=1.0, use_qk_l2norm=True, **common)
-    triton_path.launch_wu(mod, {"wu_block_k": 64, "wu_warps": 4, "wu_stages": 1}, ws, v=x, **common)
-    tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 1, "recurrence_stages_sparse": 2}
-    triton_path.launch_recurrence(mod, tun, ws, target="sm_90", scale=1.0, cu_seqlens=cu,
-                                  chunk_offsets=torch.tensor([0, 2]), out=x, state=triton_path.StateArgs(), groups=2)
-    metadata.prepare_chunk_metadata_device(cu, cu, 64, kernels=mod, chunk_sizes=(64,))
-    assert launched == {n: [True] * (2 if n == "kda_recurrence" else 1) for n in names}
+    monkeypatch.setattr(device, "_INTERPRETING", False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="was set after kdagen_kernels was imported.*Set it before importing"):
+        kdagen_kernels.chunk_kda_prefill(**_args())

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import kdagen_kernels
-from kdagen.runtime import dispatch, fused_path, jit_hip
+from kdagen.runtime import dispatch, fused_choice, fused_path, jit_hip
 from kdagen.runtime.registry import VariantEntry
 from tests.kda_cases import make_inputs
 
@@ -73,17 +73,17 @@ class Recorder:
 @pytest.fixture(autouse=True)
 def fresh_dispatch_state(monkeypatch):
     """Each test starts with no built library, no known-missing compiler and no warning shown yet."""
-    monkeypatch.setattr(dispatch, "_fused_libs", {})
-    monkeypatch.setattr(dispatch, "_no_compiler", {})
-    monkeypatch.setattr(dispatch, "_warned_no_compiler", set())
+    monkeypatch.setattr(fused_choice, "_fused_libs", {})
+    monkeypatch.setattr(fused_choice, "_no_compiler", {})
+    monkeypatch.setattr(fused_choice, "_warned_no_compiler", set())
 
 
 @pytest.fixture
-def on_sm90(monkeypatch):
+def on_sm90(monkeypatch, set_interpreting):
     """The CPU tensors count as sitting on an sm_90 GPU for the fused decision; the interpreter flag lets
     them past the device check (no kernel runs unless a test falls back to Triton)."""
-    monkeypatch.setattr(dispatch, "fused_target", lambda device: "sm_90")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fused_choice, "fused_target", lambda device: "sm_90")
+    set_interpreting(True)
 
 
 def _fake(monkeypatch, load_error: Exception | None = None) -> Recorder:
@@ -172,24 +172,24 @@ def test_only_a_chunk_64_hip_variant_that_declares_the_target_serves():
     assert dispatch.decide_fused(registry, **dict(ALL_HOLD, target="gfx942")).entry is registry[1]
 
 
-def test_fused_target(monkeypatch):
-    monkeypatch.setattr(dispatch, "target_of", lambda device: "gfx942")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_fused_target(monkeypatch, set_interpreting):
+    monkeypatch.setattr(fused_choice, "target_of", lambda device: "gfx942")
+    set_interpreting(False)
     assert dispatch.fused_target(torch.device("cpu")) is None
     assert dispatch.fused_target(torch.device("cuda", 0)) == "gfx942"
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    set_interpreting(True)
     assert dispatch.fused_target(torch.device("cuda", 0)) is None
 
 
 # ---- can_use_fused -------------------------------------------------------------------------------
 
 @pytest.fixture
-def fake_gpu(monkeypatch):
+def fake_gpu(monkeypatch, set_interpreting):
     """torch sees a CUDA device whose target is sm_90 (KDAGEN_TARGET-style), outside the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    set_interpreting(False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(dispatch, "target_of", lambda device: "sm_90")
+    monkeypatch.setattr(fused_choice, "target_of", lambda device: "sm_90")
     monkeypatch.setattr(jit_hip, "find_compiler", lambda target: jit_hip.Compiler("nvcc", "/fake/nvcc"))
 
 
@@ -199,14 +199,14 @@ def test_can_use_fused_answers_from_registry_and_device(fake_gpu, monkeypatch):
     assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.float16, 64)  # no fp16 hip variant
     assert not kdagen_kernels.can_use_fused_kda_chunk(64, 64, torch.bfloat16, 64)
     assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 32)
-    monkeypatch.setattr(dispatch, "target_of", lambda device: "gfx90a")  # a target no variant declares
+    monkeypatch.setattr(fused_choice, "target_of", lambda device: "gfx90a")  # a target no variant declares
     assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
 
 
-def test_can_use_fused_is_false_without_cuda_in_the_interpreter_or_without_the_compiler(fake_gpu, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_can_use_fused_is_false_without_cuda_in_the_interpreter_or_without_the_compiler(fake_gpu, monkeypatch, set_interpreting):
+    set_interpreting(True)
     assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    set_interpreting(False)
 
     def missing(target):
         raise jit_hip.CompilerNotFoundError(NO_NVCC)
@@ -228,7 +228,7 @@ def test_fused_call_passes_everything_to_run_fused(on_sm90, monkeypatch):
     assert final.shape == (2, H, 128, 128) and final.dtype == torch.float32 and bool((final == 1.5).all())
     assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")]
     (kw,) = rec.runs
-    assert "groups" not in kw  # the group count is run_fused's automatic choice
+    assert kw["groups"] is None  # the group count is run_fused's automatic choice
     assert kw["out"] is out and kw["final_state"] is final and kw["initial_state"] is args["initial_state"]
     assert kw["use_qk_l2norm"] is True and kw["lower_bound"] == -5.0 and kw["scale"] == 128 ** -0.5
     for name in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "cu_seqlens"):
@@ -387,7 +387,7 @@ def test_the_fallback_warning_is_per_variant_and_target(monkeypatch):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for entry, target in ((a, "sm_90"), (a, "sm_90"), (b, "sm_90"), (b, "sm_90"), (b, "gfx942")):
-            assert dispatch._fused_library(entry, target, checkpoints=False) is None
+            assert fused_choice.fused_library(entry, target) is None
     assert [str(w.message).split(": ")[1].split(" cannot")[0] for w in seen] == [
         "use_fused_chunk=True, but the fused variant fake__hip__bf16__k128_v128_c64",
         "use_fused_chunk=True, but the fused variant fake__hip__bf16__k64_v64_c64",

@@ -39,7 +39,7 @@ def _handle(data):
 
 
 @pytest.fixture
-def fake_interpreter(monkeypatch):
+def fake_interpreter(monkeypatch, set_interpreting):
     from triton.runtime import interpreter
 
     calls = []
@@ -53,7 +53,7 @@ def fake_interpreter(monkeypatch):
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch_lang_tensor)
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_splat", create_splat)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    set_interpreting(True)
     return interpreter, patch_lang_tensor, create_splat, calls
 
 
@@ -89,9 +89,10 @@ def test_triton_39_splats_a_boolean_as_booleans(monkeypatch, fake_interpreter):
 
 
 @pytest.mark.parametrize(("version", "interpret"), [("3.7.1", "1"), ("3.8.0", "1"), ("3.6.0", "0"), ("3.9.0", "0")])
-def test_nothing_changes_on_other_releases_or_compiled_kernels(monkeypatch, fake_interpreter, version, interpret):
+def test_nothing_changes_on_other_releases_or_compiled_kernels(monkeypatch, fake_interpreter, set_interpreting,
+                                                             version, interpret):
     interpreter, original, splat, _ = fake_interpreter
     monkeypatch.setattr(triton, "__version__", version)
-    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    set_interpreting(interpret == "1")
     assert interpreter_compat.apply() == []
     assert interpreter._patch_lang_tensor is original and interpreter.InterpreterBuilder.create_splat is splat

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kdagen_kernels
-from kdagen.runtime import dispatch, validate
+from kdagen.runtime import dispatch, fused_choice, validate
 from tests.kda_cases import make_inputs
 
 H, N = 2, 2
@@ -159,7 +159,7 @@ def test_checkpoint_state_indices_without_offsets_is_refused():
 def fused(monkeypatch):
     """Pretend the tensors sit on an sm_90 GPU, so the registered fused variant serves this call and the
     checkpoint arguments reach their checks (every case here is refused before anything is built)."""
-    monkeypatch.setattr(dispatch, "fused_target", lambda device: "sm_90")
+    monkeypatch.setattr(fused_choice, "fused_target", lambda device: "sm_90")
 
 
 def _ck_state(rows=N, dtype=torch.float32):

@@ -1,0 +1,305 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Plan once per batch, run once per layer (FlashInfer's plan()/run()). See Note [Plan and run].
+
+Note [Plan and run]
+    A `KdaPrefillPlan` holds everything that depends on the batch: the packed metadata (cu_seqlens,
+    chunk_indices, chunk_offsets), the state routing (state_indices, has_initial_state), the checkpoint
+    request, the head counts and dims, dtype, gate form, device, the variant, the path (Triton or fused),
+    the group count and the workspace. It is validated when it is made, the data-dependent checks included
+    where the values are on the CPU (tensors on the CPU, or `cu_seqlens_cpu`; device tensors are read only
+    under KDAGEN_DEBUG=1, which syncs). `run` checks only what can differ per layer (each tensor's shape,
+    dtype, device and unit last stride against the plan) and launches. When a fast check fails, the full
+    validators of validate.py run to say precisely what is wrong; nothing is written before that.
+    A plan's workspace is reused by every run: runs of one plan must not overlap in time (one stream, one
+    layer after another), like a serving engine's forward pass. Runs are graph-capturable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from . import debug_checks, fused_path
+from .device import target_of
+from .jit_hip import HipLibrary
+from .registry import VariantEntry
+from .triton_path import TritonProgram, recurrence_groups, tuning_for, workspace_layout
+from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, may_overlap,
+                       no_overlap)
+from .workspace import check_workspace
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The batch-level arguments of a plan, validated (validate.py) before a plan is made from them."""
+
+    p: Problem
+    dtype: torch.dtype
+    device: torch.device
+    lower_bound: float | None
+    has_g_bias: bool
+    use_qk_l2norm: bool
+    cu_seqlens: torch.Tensor | None
+    chunk_indices: torch.Tensor | None
+    chunk_offsets: torch.Tensor | None
+    state_indices: torch.Tensor | None  # paged state cache when given (with has_initial_state)
+    has_initial_state: torch.Tensor | None
+    output_final_state: bool
+    checkpoint_offsets: torch.Tensor | None
+    checkpoint_state_indices: torch.Tensor | None
+
+
+class KdaPrefillPlan:
+    """One batch's validated prefill: call `run` once per layer. Make it with `plan_kda_prefill` (public) or
+    `make_plan` (after validation). See Note [Plan and run]."""
+
+    def __init__(self, b: Batch, *, entry: VariantEntry, target: str, mod: ModuleType | None,
+                 lib: HipLibrary | None, groups: int | None, workspace: torch.Tensor | None,
+                 tuning: Mapping[str, int] | None, data_checks: bool):
+        p = self.problem = b.p
+        self.batch = b
+        self.entry, self.target, self.lib = entry, target, lib
+        self.path = "fused" if lib is not None else "triton"
+        self._data_checks = data_checks
+        self._checked_rows: set[tuple[str, int]] = set()
+        self._packed_shape = (1, p.B * p.T, p.H)
+        self._in_shapes = {"q": (p.B, p.T, p.H, p.K), "v": (p.B, p.T, p.H, p.V)}
+        self._dev_index = b.device.index if b.device.type == "cuda" else -1
+        self._paged = b.state_indices is not None
+        self._final_shape = (p.N, p.H, p.V, p.K)
+        cu, ci, co = packed_metadata(p, entry.chunk_size, b.device, b.cu_seqlens, b.chunk_indices, b.chunk_offsets)
+        self._cu, self._ci, self._co = cu, ci, co
+        if lib is not None:
+            self.groups = groups  # None: fused_path picks from its own cost model
+            self.workspace_bytes = 0
+            self._program = None
+            return
+        if b.checkpoint_offsets is not None:
+            raise NotImplementedError(
+                f"{OP}: the prefill checkpoint export (checkpoint_offsets) needs the fused path, which did not "
+                "run for this call; the Triton path cannot write checkpoints")
+        assert mod is not None
+        self.tuning = tun = dict(tuning) if tuning is not None else tuning_for(mod, target)
+        n_chunks = ci.shape[0]
+        self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups)
+        layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype)
+        self.workspace_bytes = layout.nbytes
+        if workspace is None:
+            storage = torch.empty(layout.nbytes, dtype=torch.uint8, device=b.device)
+        else:
+            storage = check_workspace(workspace, layout.nbytes, b.device, OP)
+        self.workspace = storage
+        state_ins = (2,) if self._paged else (0, 1)
+        self._program = TritonProgram(
+            mod, target=target, tuning=tun, ws=layout.views(storage), H=p.H, N=p.N, n_chunks=n_chunks,
+            groups=self.groups, lower_bound=b.lower_bound, has_bias=b.has_g_bias, use_l2norm=b.use_qk_l2norm,
+            cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co, state_ins=state_ins,
+            state_out=2 if self._paged else int(b.output_final_state), state_indices=b.state_indices,
+            has_initial_state=b.has_initial_state, device=b.device)
+
+    # ------------------------------------------------------------------------------------------- run
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,
+            A_log: torch.Tensor, g_bias: torch.Tensor | None = None, *, scale: float | None = None,
+            initial_state: torch.Tensor | None = None, out: torch.Tensor | None = None,
+            state_cache: torch.Tensor | None = None, checkpoint_state: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One layer: writes and returns the output ([B, T, H, V], `out` itself when given) and the final
+        state when the plan asked for it (None with a state cache, whose rows are updated in place)."""
+        b, p = self.batch, self.problem
+        if scale is None:
+            scale = p.K ** -0.5
+        if not self._fast_ok(q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
+                             checkpoint_state, scale):
+            self._explain(q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
+                          checkpoint_state, scale)
+        if self._data_checks:
+            self._check_rows(state_cache, checkpoint_state)
+        if self.lib is not None:
+            return self._run_fused(q, k, v, raw_g, raw_beta, A_log, g_bias, float(scale), initial_state, out,
+                                   state_cache, checkpoint_state)
+        o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        packed = p.B != 1
+        o_packed = o
+        if packed:
+            q, k, v, raw_g, raw_beta = (t.reshape(*self._packed_shape, *t.shape[3:]) for t in (q, k, v, raw_g, raw_beta))
+            try:
+                o_packed = o.view(1, p.B * p.T, p.H, p.V)
+            except RuntimeError:  # an `out` whose batch and token dims do not merge: write aside, copy once
+                o_packed = torch.empty((1, p.B * p.T, p.H, p.V), dtype=v.dtype, device=v.device)
+        final = None
+        if self._paged:
+            h0 = ht = state_cache
+            state_in, n_slots = 2, state_cache.shape[0]  # type: ignore[union-attr]
+        else:
+            if b.output_final_state:
+                final = torch.empty(self._final_shape, dtype=torch.float32, device=v.device)
+            h0, ht = initial_state, final
+            state_in, n_slots = (0 if initial_state is None else 1), 0
+        sq, sk, sv, sg, sb, so = q.stride(), k.stride(), v.stride(), raw_g.stride(), raw_beta.stride(), o_packed.stride()
+        spare = self._cu  # any valid pointer for an unused state argument; the constexprs keep it unread
+        sh0 = h0.stride() if h0 is not None else (0, 0)
+        sht = ht.stride() if ht is not None else (0, 0)
+        self._program.run({  # type: ignore[union-attr]
+            "q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta, "A_log": A_log.reshape(-1),
+            "g_bias": g_bias.reshape(-1) if g_bias is not None else A_log, "scale": float(scale),
+            "sq_t": sq[1], "sq_h": sq[2], "sk_t": sk[1], "sk_h": sk[2], "sv_t": sv[1], "sv_h": sv[2],
+            "sg_t": sg[1], "sg_h": sg[2], "sb_t": sb[1], "sb_h": sb[2],
+            "o": o_packed, "so_t": so[1], "so_h": so[2], "h0": h0 if h0 is not None else spare,
+            "ht": ht if ht is not None else spare, "sh0_n": sh0[0], "sh0_h": sh0[1], "sht_n": sht[0],
+            "sht_h": sht[1], "n_slots": n_slots}, state_in)
+        if o_packed is not o:
+            o.copy_(o_packed.view(o.shape))
+        return o, final
+
+    def _fast_ok(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
+                 checkpoint_state, scale) -> bool:
+        """The per-layer checks, cheap: True when every tensor matches the plan (no message needed)."""
+        b, p = self.batch, self.problem
+        dt, dev, qs, vs = b.dtype, self._dev_index, self._in_shapes["q"], self._in_shapes["v"]
+        try:
+            ok = (q.shape == qs and k.shape == qs and v.shape == vs and q.dtype is dt and k.dtype is dt
+                  and v.dtype is dt and raw_g.shape == qs and raw_beta.shape == qs[:3]
+                  and raw_g.dtype in FLOAT_DTYPES and raw_beta.dtype in FLOAT_DTYPES
+                  and A_log.numel() == p.H and A_log.dtype in FLOAT_DTYPES
+                  and q.get_device() == dev and k.get_device() == dev and v.get_device() == dev
+                  and raw_g.get_device() == dev and raw_beta.get_device() == dev and A_log.get_device() == dev
+                  and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and raw_g.stride(-1) == 1
+                  and (g_bias is not None) == b.has_g_bias and type(scale) in (float, int)
+                  and math.isfinite(scale))
+            if not ok:
+                return False
+            if g_bias is not None and not (g_bias.numel() == p.H * p.K and g_bias.dtype in FLOAT_DTYPES
+                                           and g_bias.get_device() == dev):
+                return False
+            if out is not None and not (out.shape == vs and out.dtype is dt and out.get_device() == dev
+                                        and out.stride(-1) == 1):
+                return False
+            if (state_cache is not None) != self._paged or (checkpoint_state is not None) != (
+                    b.checkpoint_offsets is not None):
+                return False
+            if initial_state is not None and (self._paged or not (
+                    initial_state.shape == self._final_shape and initial_state.dtype is torch.float32
+                    and initial_state.get_device() == dev and initial_state.stride()[2:] == (p.K, 1))):
+                return False
+            for t in (state_cache, checkpoint_state):
+                if t is not None and not (t.dim() == 4 and t.shape[1:] == self._final_shape[1:]
+                                          and t.dtype is torch.float32 and t.get_device() == dev
+                                          and t.stride()[1:] == (p.V * p.K, p.K, 1)):
+                    return False
+            if checkpoint_state is not None and b.checkpoint_state_indices is None and \
+                    checkpoint_state.shape[0] < p.N:
+                return False
+        except (AttributeError, TypeError):  # not a tensor where one belongs: _explain says which
+            return False
+        if out is not None and ((initial_state is not None and may_overlap(out, initial_state))
+                                or (state_cache is not None and may_overlap(out, state_cache))
+                                or (checkpoint_state is not None and may_overlap(out, checkpoint_state))):
+            return False
+        return True
+
+    def _explain(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
+                 checkpoint_state, scale) -> None:
+        """A fast check failed: run the full validators, which raise with what is wrong and the fix."""
+        b, p = self.batch, self.problem
+        if state_cache is not None and not self._paged:
+            raise ValueError(f"{OP}: state_cache was given to a plan made without state_indices/has_initial_state; "
+                             "make the plan with them to use a paged state cache")
+        if state_cache is None and self._paged:
+            raise ValueError(f"{OP}: this plan routes a paged state (state_indices given); pass state_cache")
+        if initial_state is not None and self._paged:
+            raise ValueError(f"{OP}: state_cache replaces initial_state/output_final_state; pass "
+                             "initial_state=None with a state_cache")
+        if (checkpoint_state is not None) != (b.checkpoint_offsets is not None):
+            raise ValueError(f"{OP}: checkpoint_state must be given exactly when the plan has checkpoint_offsets "
+                             f"(it {'has' if b.checkpoint_offsets is not None else 'has none'})")
+        if (g_bias is not None) != b.has_g_bias:
+            raise ValueError(f"{OP}: g_bias {'missing' if g_bias is None else 'given'}, but the plan was made with "
+                             f"has_g_bias={b.has_g_bias}; the gate form is a plan argument")
+        got = check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, b.lower_bound, b.cu_seqlens,
+                           b.chunk_indices, b.chunk_offsets, initial_state, out)
+        for what, want, have in (("dtype", b.dtype, q.dtype), ("device", b.device, q.device),
+                                 ("shape [B, T, H, K]", self._in_shapes["q"], tuple(q.shape)),
+                                 ("V", p.V, got.V)):
+            if want != have:
+                raise ValueError(f"{OP}: q/v {what} {have} differs from the plan's {want}; make a plan for this batch")
+        if state_cache is not None:
+            check_state_cache(p, state_cache, b.state_indices, b.has_initial_state, b.device)
+        if checkpoint_state is not None:
+            check_checkpoint(p, b.device, checkpoint_state, b.checkpoint_offsets, b.checkpoint_state_indices)
+        if out is not None:
+            no_overlap("out", out, "state_cache", state_cache, "the walk reads and writes it while writing out")
+            no_overlap("out", out, "checkpoint_state", checkpoint_state, "the walk writes it while writing out")
+        raise AssertionError(f"{OP}: an argument failed the plan's checks but not validate.py's; please report")
+
+    def _check_rows(self, state_cache, checkpoint_state) -> None:
+        """Row ranges that depend on the layer's tensors (their row counts), once per count."""
+        b = self.batch
+        if state_cache is not None and ("state", state_cache.shape[0]) not in self._checked_rows:
+            debug_checks.check_state_indices(b.state_indices, state_cache.shape[0])
+            self._checked_rows.add(("state", state_cache.shape[0]))
+        if checkpoint_state is not None and ("ckpt", checkpoint_state.shape[0]) not in self._checked_rows:
+            debug_checks.check_checkpoint_rows(b.checkpoint_offsets, b.checkpoint_state_indices,
+                                               checkpoint_state.shape[0])
+            self._checked_rows.add(("ckpt", checkpoint_state.shape[0]))
+
+    def _run_fused(self, q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state, out, state_cache,
+                   checkpoint_state) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, p = self.batch, self.problem
+        o = out if out is not None else fused_output(v, initial_state, state_cache, checkpoint_state)
+        final = None
+        if state_cache is None and b.output_final_state:
+            final = torch.empty(self._final_shape, dtype=torch.float32, device=v.device)
+        fused_path.run_fused(
+            self.lib, q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias, scale=scale,
+            lower_bound=b.lower_bound, cu_seqlens=self._cu, chunk_indices=self._ci, chunk_offsets=self._co, out=o,
+            initial_state=_dense_rows(initial_state, p), final_state=final, state_cache=state_cache,
+            state_indices=b.state_indices, has_initial_state=b.has_initial_state, checkpoint_state=checkpoint_state,
+            checkpoint_offsets=b.checkpoint_offsets, checkpoint_state_indices=b.checkpoint_state_indices,
+            use_qk_l2norm=True, groups=self.groups)
+        return o, final
+
+
+def packed_metadata(p: Problem, chunk: int, device: torch.device, cu_seqlens, chunk_indices, chunk_offsets):
+    """cu_seqlens / chunk_indices / chunk_offsets for the packed [1, B*T] view of the batch."""
+    from .metadata import prepare_chunk_indices, prepare_chunk_offsets
+
+    if cu_seqlens is None:
+        # B equal sequences of T tokens: everything follows from the shapes, so no sync is needed.
+        nt = -(-p.T // chunk)
+        cu_seqlens = (torch.arange(p.B + 1, dtype=torch.int32) * p.T).to(device)
+        seq = torch.arange(p.B, dtype=torch.int32).repeat_interleave(nt)
+        idx = torch.arange(nt, dtype=torch.int32).repeat(p.B)
+        chunk_indices = torch.stack([seq, idx], 1).to(device)
+        chunk_offsets = (torch.arange(p.B + 1, dtype=torch.int64) * nt).to(device)
+        return cu_seqlens, chunk_indices, chunk_offsets
+    # Host-built metadata syncs on cu_seqlens; callers that capture graphs pass both tensors.
+    if chunk_indices is None:
+        chunk_indices = prepare_chunk_indices(cu_seqlens, chunk)
+    if chunk_offsets is None:
+        chunk_offsets = prepare_chunk_offsets(cu_seqlens, chunk)
+    return cu_seqlens, chunk_indices, chunk_offsets
+
+
+def fused_output(v: torch.Tensor, *others: torch.Tensor | None) -> torch.Tensor:
+    """Where the fused path writes when the caller passed no `out`: into v, as vLLM's op does (the prologue
+    has read v before the recurrence writes), when v is contiguous and shares no memory with a state the
+    walk reads or writes; else a new tensor."""
+    if v.is_contiguous() and not any(t is not None and may_overlap(v, t) for t in others):
+        return v
+    return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+
+
+def _dense_rows(t: torch.Tensor | None, p: Problem) -> torch.Tensor | None:
+    # The fused kernels index a state row as one dense [H, V, K] block; validate.py allows a padded head
+    # stride, which only initial_state (read-only) can have here.
+    if t is None or t.stride()[1:] == (p.V * p.K, p.K, 1):
+        return t
+    return t.contiguous()
+
+
+def device_target(device: torch.device) -> str:
+    return target_of(device)

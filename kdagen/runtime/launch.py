@@ -19,7 +19,7 @@ from .device import TRITON_COMPILE_OPTIONS
 class KernelLaunch:
     """One launch of `abi`'s kernel from module `mod` with fixed grid, constexprs, options and static args."""
 
-    __slots__ = ("abi", "grid", "_call", "_kw", "_args", "_dynamic")
+    __slots__ = ("abi", "grid", "_call", "_kw", "_args", "_dynamic", "_constexprs")
 
     def __init__(self, mod: ModuleType, abi: KernelABI, grid: tuple[int, ...], *, constexprs: Mapping[str, object],
                  options: Mapping[str, int], static: Mapping[str, object], dynamic: tuple[str, ...]):
@@ -35,9 +35,13 @@ class KernelLaunch:
         self.grid = grid
         # fn[grid] is Triton's own launcher bound to the grid; binding it once saves a closure per run.
         self._call = getattr(mod, abi.name)[grid]
-        self._kw = {**constexprs, **options, **TRITON_COMPILE_OPTIONS}
-        self._args = [static.get(n) for n in names]
+        # Constexprs go positionally after the runtime arguments (their declared place), so a launch passes
+        # only the few launch options by keyword.
+        const_names = [p.name for p in abi.params if p.kind == "constexpr"]
+        self._kw = {**options, **TRITON_COMPILE_OPTIONS}
+        self._args = [static.get(n) for n in names] + [constexprs[n] for n in const_names]
         self._dynamic = tuple((names.index(n), n) for n in dynamic)
+        self._constexprs = dict(constexprs)
 
     def __call__(self, values: Mapping[str, object]) -> None:
         args = self._args.copy()
@@ -47,8 +51,8 @@ class KernelLaunch:
 
     @property
     def constexprs(self) -> dict[str, object]:
-        return {k: v for k, v in self._kw.items() if k in self.abi.constexpr_names}
+        return dict(self._constexprs)
 
     @property
     def options(self) -> dict[str, object]:
-        return {k: v for k, v in self._kw.items() if k not in self.abi.constexpr_names}
+        return dict(self._kw)

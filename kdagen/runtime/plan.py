@@ -112,8 +112,9 @@ class KdaPrefillPlan:
         b, p = self.batch, self.problem
         if scale is None:
             scale = p.K ** -0.5
-        if not self._fast_ok(q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
-                             checkpoint_state, scale):
+        strides = self._fast_ok(q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
+                                checkpoint_state, scale)
+        if strides is None:
             self._explain(q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
                           checkpoint_state, scale)
         if self._data_checks:
@@ -122,10 +123,10 @@ class KdaPrefillPlan:
             return self._run_fused(q, k, v, raw_g, raw_beta, A_log, g_bias, float(scale), initial_state, out,
                                    state_cache, checkpoint_state)
         o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        packed = p.B != 1
         o_packed = o
-        if packed:
+        if p.B != 1:
             q, k, v, raw_g, raw_beta = (t.reshape(*self._packed_shape, *t.shape[3:]) for t in (q, k, v, raw_g, raw_beta))
+            strides = tuple(t.stride() for t in (q, k, v, raw_g, raw_beta))
             try:
                 o_packed = o.view(1, p.B * p.T, p.H, p.V)
             except RuntimeError:  # an `out` whose batch and token dims do not merge: write aside, copy once
@@ -139,13 +140,16 @@ class KdaPrefillPlan:
                 final = torch.empty(self._final_shape, dtype=torch.float32, device=v.device)
             h0, ht = initial_state, final
             state_in, n_slots = (0 if initial_state is None else 1), 0
-        sq, sk, sv, sg, sb, so = q.stride(), k.stride(), v.stride(), raw_g.stride(), raw_beta.stride(), o_packed.stride()
+        sq, sk, sv, sg, sb = strides
+        so = o_packed.stride()
         spare = self._cu  # any valid pointer for an unused state argument; the constexprs keep it unread
         sh0 = h0.stride() if h0 is not None else (0, 0)
-        sht = ht.stride() if ht is not None else (0, 0)
+        sht = sh0 if ht is h0 else ht.stride() if ht is not None else (0, 0)
         self._program.run({  # type: ignore[union-attr]
-            "q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta, "A_log": A_log.reshape(-1),
-            "g_bias": g_bias.reshape(-1) if g_bias is not None else A_log, "scale": float(scale),
+            "q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta,
+            "A_log": A_log if A_log.dim() == 1 else A_log.reshape(-1),
+            "g_bias": A_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1),
+            "scale": float(scale),
             "sq_t": sq[1], "sq_h": sq[2], "sk_t": sk[1], "sk_h": sk[2], "sv_t": sv[1], "sv_h": sv[2],
             "sg_t": sg[1], "sg_h": sg[2], "sb_t": sb[1], "sb_h": sb[2],
             "o": o_packed, "so_t": so[1], "so_h": so[2], "h0": h0 if h0 is not None else spare,
@@ -156,50 +160,61 @@ class KdaPrefillPlan:
         return o, final
 
     def _fast_ok(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
-                 checkpoint_state, scale) -> bool:
-        """The per-layer checks, cheap: True when every tensor matches the plan (no message needed)."""
+                 checkpoint_state, scale) -> tuple | None:
+        """The per-layer checks, cheap: the strides of q, k, v, raw_g and raw_beta when every tensor matches
+        the plan, None when one does not (then _explain says which and why)."""
         b, p = self.batch, self.problem
         dt, dev, qs, vs = b.dtype, self._dev_index, self._in_shapes["q"], self._in_shapes["v"]
         try:
-            ok = (q.shape == qs and k.shape == qs and v.shape == vs and q.dtype is dt and k.dtype is dt
-                  and v.dtype is dt and raw_g.shape == qs and raw_beta.shape == qs[:3]
-                  and raw_g.dtype in FLOAT_DTYPES and raw_beta.dtype in FLOAT_DTYPES
-                  and A_log.numel() == p.H and A_log.dtype in FLOAT_DTYPES
-                  and q.get_device() == dev and k.get_device() == dev and v.get_device() == dev
-                  and raw_g.get_device() == dev and raw_beta.get_device() == dev and A_log.get_device() == dev
-                  and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and raw_g.stride(-1) == 1
-                  and (g_bias is not None) == b.has_g_bias and type(scale) in (float, int)
-                  and math.isfinite(scale))
-            if not ok:
-                return False
+            if not (q.shape == qs and k.shape == qs and v.shape == vs and raw_g.shape == qs
+                    and raw_beta.shape == qs[:3] and q.dtype is dt and k.dtype is dt and v.dtype is dt
+                    and raw_g.dtype in FLOAT_DTYPES and raw_beta.dtype in FLOAT_DTYPES
+                    and A_log.numel() == p.H and A_log.dtype in FLOAT_DTYPES
+                    and q.get_device() == dev and k.get_device() == dev and v.get_device() == dev
+                    and raw_g.get_device() == dev and raw_beta.get_device() == dev and A_log.get_device() == dev
+                    and (g_bias is not None) == b.has_g_bias and type(scale) in (float, int)
+                    and math.isfinite(scale)):
+                return None
+            strides = (q.stride(), k.stride(), v.stride(), raw_g.stride(), raw_beta.stride())
+            if not (strides[0][3] == 1 and strides[1][3] == 1 and strides[2][3] == 1 and strides[3][3] == 1):
+                return None
             if g_bias is not None and not (g_bias.numel() == p.H * p.K and g_bias.dtype in FLOAT_DTYPES
                                            and g_bias.get_device() == dev):
-                return False
-            if out is not None and not (out.shape == vs and out.dtype is dt and out.get_device() == dev
-                                        and out.stride(-1) == 1):
-                return False
+                return None
             if (state_cache is not None) != self._paged or (checkpoint_state is not None) != (
                     b.checkpoint_offsets is not None):
-                return False
+                return None
             if initial_state is not None and (self._paged or not (
                     initial_state.shape == self._final_shape and initial_state.dtype is torch.float32
                     and initial_state.get_device() == dev and initial_state.stride()[2:] == (p.K, 1))):
-                return False
+                return None
             for t in (state_cache, checkpoint_state):
                 if t is not None and not (t.dim() == 4 and t.shape[1:] == self._final_shape[1:]
                                           and t.dtype is torch.float32 and t.get_device() == dev
                                           and t.stride()[1:] == (p.V * p.K, p.K, 1)):
-                    return False
+                    return None
             if checkpoint_state is not None and b.checkpoint_state_indices is None and \
                     checkpoint_state.shape[0] < p.N:
-                return False
-        except (AttributeError, TypeError):  # not a tensor where one belongs: _explain says which
-            return False
-        if out is not None and ((initial_state is not None and may_overlap(out, initial_state))
-                                or (state_cache is not None and may_overlap(out, state_cache))
-                                or (checkpoint_state is not None and may_overlap(out, checkpoint_state))):
-            return False
-        return True
+                return None
+            if out is not None:
+                so = out.stride()
+                if not (out.shape == vs and out.dtype is dt and out.get_device() == dev and so[3] == 1):
+                    return None
+                if out.numel() and (initial_state is not None or state_cache is not None
+                                    or checkpoint_state is not None):
+                    # `out` spans [o0, o1); a state is dense within its rows (checked above).
+                    o0 = out.data_ptr()
+                    o1 = o0 + ((vs[0] - 1) * so[0] + (vs[1] - 1) * so[1] + (vs[2] - 1) * so[2] + vs[3]) * 2
+                    for t in (initial_state, state_cache, checkpoint_state):
+                        if t is not None and t.numel():
+                            s0 = t.data_ptr()
+                            s1 = s0 + ((t.shape[0] - 1) * t.stride(0) + (t.shape[1] - 1) * t.stride(1)
+                                       + p.V * p.K) * 4
+                            if o0 < s1 and s0 < o1:
+                                return None
+        except (AttributeError, TypeError, IndexError):  # not a tensor where one belongs: _explain says which
+            return None
+        return strides
 
     def _explain(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
                  checkpoint_state, scale) -> None:

@@ -213,8 +213,16 @@ class _FakeKernel:
         self.name, self.calls = name, calls
 
     def __getitem__(self, grid):
-        return lambda *a, **kw: self.calls.append(
-            (self.name, grid, kw.get("PASS"), kw.get("BLOCK_V"), kw["num_stages"], kw.get("enable_fp_fusion")))
+        from kdagen.kernels.kda import KERNELS
+
+        names = [p.name for p in KERNELS[self.name].params]
+
+        def launch(*a, **kw):
+            args = dict(zip(names, a))
+            self.calls.append((self.name, grid, args.get("PASS"), args.get("BLOCK_V"), kw["num_stages"],
+                               kw.get("enable_fp_fusion")))
+
+        return launch
 
 
 def _program(monkeypatch, *, BK, BV, V, T, N, H, groups, sms, tun=None):

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The benchmark's input builder and autotune's single-kernel launcher, run in the Triton interpreter
-(on the GPU they time kernels; here they must build what they say and launch what they say)."""
+"""The benchmark's input builder, its FlashKDA conversion and autotune's single-kernel launcher, run in
+the Triton interpreter (on the GPU they time kernels; here they must build what they say and launch what
+they say)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import kdagen_kernels
 from kdagen.autotune import kernel_call
 from kdagen.bench import equal_lens, make_inputs
-from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+from kdagen.bench_peers import flashkda_call, flashkda_inputs
+from kdagen.reference import chunk_kda_prefill_reference, l2norm_reference, naive_recurrent_kda, rel_l2
 from kdagen.runtime import triton_path
 
 
@@ -46,3 +48,49 @@ def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning(monkeypatch):
     out = torch.full_like(args["v"], float("nan"))  # poisoned: an unwritten element fails the check
     kernel_call(mod, tun, "recurrence", args, ci, co, out=out)()
     assert rel_l2(out, ref_o) < 1e-2
+
+
+def _flashkda_fwd_float64(calls: list):
+    """FlashKDA's fwd as its README and input checks state it, in float64 from our reference's pieces:
+    gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), beta sigmoid, q/k L2 norm (eps 1e-6 under the
+    root), V-first state [N, H, V, K], cu_seqlens int64; out and final_state written in place."""
+    def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+            cu_seqlens=None):
+        B, T, H, D = q.shape
+        N = cu_seqlens.numel() - 1
+        tensors = dict(q=q, k=k, v=v, g=g, beta=beta, out=out, A_log=A_log, dt_bias=dt_bias,
+                       initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens)
+        assert all(t.is_contiguous() for t in tensors.values()), "FlashKDA takes contiguous tensors only"
+        assert {t.dtype for t in (q, k, v, g, beta, out)} == {torch.bfloat16} and D == 128 and B == 1
+        assert A_log.dtype == dt_bias.dtype == torch.float32 and A_log.shape == (H,) and dt_bias.shape == (H, D)
+        assert cu_seqlens.dtype == torch.int64 and initial_state.dtype == final_state.dtype
+        assert initial_state.shape == final_state.shape == (N, H, D, D)
+        calls.append((out, final_state))
+        out.fill_(float("nan"))  # poisoned: an element fwd leaves unwritten fails the check
+        final_state.fill_(float("nan"))
+        gate = lower_bound * torch.sigmoid(torch.exp(A_log.double()).view(H, 1) * (g.double() + dt_bias.double()))
+        qn, kn, b = l2norm_reference(q), l2norm_reference(k), torch.sigmoid(beta.double())
+        cu = cu_seqlens.tolist()
+        for n, (bos, eos) in enumerate(zip(cu[:-1], cu[1:])):
+            o, s = naive_recurrent_kda(qn[0, bos:eos], kn[0, bos:eos], v[0, bos:eos], gate[0, bos:eos],
+                                       b[0, bos:eos], scale, initial_state[n])
+            out[0, bos:eos] = o.to(out.dtype)
+            final_state[n] = s.to(final_state.dtype)
+
+    return fwd
+
+
+def test_flashkda_conversion_computes_the_benchmark_workload():
+    # The benchmark's own inputs (K = V = 128, bf16, safe gate, int32 cu_seqlens, flat g_bias).
+    args, _, _ = make_inputs(3, [17, 40, 7], seed=5, device="cpu")
+    calls: list = []
+    o, s = flashkda_call(_flashkda_fwd_float64(calls), flashkda_inputs(args))()
+    assert len(calls) == 1 and calls[0][0] is o and calls[0][1] is s  # returns the buffers it handed fwd
+    assert o.shape == args["v"].shape and o.dtype == torch.bfloat16
+    assert s.shape == args["initial_state"].shape and s.dtype == torch.float32
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    # Same float64 math on both sides, so only the stores round: measured 1.7e-3 (bf16 output) and 2.5e-8
+    # (fp32 state), bounds about 2.4x and 4x that. A K-first state, dt_bias read [K, H] or scale 1 give
+    # output errors of 0.94, 0.31 and 10.
+    assert rel_l2(o, ref_o) < 4e-3
+    assert rel_l2(s, ref_s) < 1e-7

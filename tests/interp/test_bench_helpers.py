@@ -94,3 +94,49 @@ def test_flashkda_conversion_computes_the_benchmark_workload():
     # output errors of 0.94, 0.31 and 10.
     assert rel_l2(o, ref_o) < 4e-3
     assert rel_l2(s, ref_s) < 1e-7
+
+
+class _Timed:
+    """A timed callable that carries the GPU time the fake do_bench reports for it."""
+
+    def __init__(self, fn, ms: float):
+        self.fn, self.ms = fn, ms
+
+    def __call__(self):
+        return self.fn()
+
+
+def test_run_bench_times_flashkda_beside_ours_with_errors_and_ratios(monkeypatch, tmp_path):
+    import triton.testing
+
+    from kdagen import bench
+    from kdagen.bench_peers import flashkda_maker
+
+    def ours(args, ci, co, out):
+        return _Timed(lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out),
+                      1.0)
+
+    def flashkda(args, ci, co, out):
+        return _Timed(flashkda_maker(_flashkda_fwd_float64([]))(args, ci, co, out), 2.5)
+
+    monkeypatch.setattr(bench, "_impls", lambda: {"kdagen-triton": ours, "flashkda": flashkda})
+    monkeypatch.setattr(bench, "_inputs", lambda H, T, N, seed=0: make_inputs(H, equal_lens(T, N), seed=seed,
+                                                                              device="cpu"))
+    monkeypatch.setattr(bench, "CHECK_SHAPE", (2, 40, 2))
+    monkeypatch.setattr(bench, "REF_MAX_TOKEN_HEADS", 100)  # the second shape takes the check shape's errors
+    monkeypatch.setattr(bench, "_ceilings", lambda: (4e12, 6e14))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "host_us", lambda fn, sync: 5.0)  # 30 interpreted calls per row otherwise
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, **kw: fn.ms)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: fn.ms + 0.1)
+    rows = bench.run_bench([(2, 48, 2), (2, 64, 1)], tmp_path)
+    assert [(r["impl"], r["T"]) for r in rows] == [("kdagen-triton", 48), ("flashkda", 48),
+                                                   ("kdagen-triton", 64), ("flashkda", 64)]
+    assert [r["err_at"] for r in rows] == ["own", "own", "2:40:2", "2:40:2"]
+    # Each implementation's own errors: ours in bf16 on chunks of 64, the fake FlashKDA in float64.
+    assert all(r["err_o"] < 1e-2 and r["err_s"] < 1e-2 for r in rows)
+    assert rows[1]["err_s"] < 1e-7 < rows[0]["err_s"]
+    assert {r["best_peer"] for r in rows} == {"flashkda"} and rows[0]["vs_best_peer"] == 2.5
+    assert rows[0]["gpu_ms"] == 1.0 and rows[0]["eager_ms"] == 1.1 and rows[0]["host_us"] == 5.0
+    assert (tmp_path / "bench.csv").read_text().splitlines()[0].split(",")[-3:] == \
+        ["best_peer", "best_peer_ms", "vs_best_peer"]

@@ -161,7 +161,7 @@ def ref_fits(H: int, T: int, N: int) -> bool:
 
 def _validate(impls: dict) -> tuple[dict, dict[str, tuple[float, float]]]:
     """Each implementation against the float64 reference at CHECK_SHAPE: ours must agree within 1e-2, a
-    peer within PEER_TOL (else it is not timed); returns the kept ones and everyone's errors there."""
+    peer within PEER_TOL (else it is not timed); returns the kept ones and their errors there."""
     import torch
 
     from kdagen.reference import chunk_kda_prefill_reference, rel_l2

@@ -120,7 +120,8 @@ def fake_peers(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m.split(".")[0] in ("fla", "flash_kda")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("FLA_FLASH_KDA", raising=False)
+    monkeypatch.setenv("FLA_FLASH_KDA", "unset by the fixture")  # recorded, so the test's own value is undone
+    monkeypatch.delenv("FLA_FLASH_KDA")
     yield tmp_path
     for name in [m for m in sys.modules if m.split(".")[0] in ("fla", "flash_kda")]:
         del sys.modules[name]

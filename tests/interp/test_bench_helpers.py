@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The benchmark's input builder and autotune's single-kernel launcher, run in the Triton interpreter
-(on the GPU they time kernels; here they must build what they say and launch what they say)."""
+"""The benchmark's input builder, its FlashKDA conversion and autotune's single-kernel launcher, run in
+the Triton interpreter (on the GPU they time kernels; here they must build what they say and launch what
+they say)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import kdagen_kernels
 from kdagen.autotune import kernel_call
 from kdagen.bench import equal_lens, make_inputs
-from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+from kdagen.bench_peers import flashkda_call, flashkda_inputs
+from kdagen.reference import chunk_kda_prefill_reference, l2norm_reference, naive_recurrent_kda, rel_l2
 from kdagen.runtime import triton_path
 
 
@@ -46,3 +48,95 @@ def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning(monkeypatch):
     out = torch.full_like(args["v"], float("nan"))  # poisoned: an unwritten element fails the check
     kernel_call(mod, tun, "recurrence", args, ci, co, out=out)()
     assert rel_l2(out, ref_o) < 1e-2
+
+
+def _flashkda_fwd_float64(calls: list):
+    """FlashKDA's fwd as its README and input checks state it, in float64 from our reference's pieces:
+    gate lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), beta sigmoid, q/k L2 norm (eps 1e-6 under the
+    root), V-first state [N, H, V, K], cu_seqlens int64; out and final_state written in place."""
+    def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
+            cu_seqlens=None):
+        B, T, H, D = q.shape
+        N = cu_seqlens.numel() - 1
+        tensors = dict(q=q, k=k, v=v, g=g, beta=beta, out=out, A_log=A_log, dt_bias=dt_bias,
+                       initial_state=initial_state, final_state=final_state, cu_seqlens=cu_seqlens)
+        assert all(t.is_contiguous() for t in tensors.values()), "FlashKDA takes contiguous tensors only"
+        assert {t.dtype for t in (q, k, v, g, beta, out)} == {torch.bfloat16} and D == 128 and B == 1
+        assert A_log.dtype == dt_bias.dtype == torch.float32 and A_log.shape == (H,) and dt_bias.shape == (H, D)
+        assert cu_seqlens.dtype == torch.int64 and initial_state.dtype == final_state.dtype
+        assert initial_state.shape == final_state.shape == (N, H, D, D)
+        calls.append((out, final_state))
+        out.fill_(float("nan"))  # poisoned: an element fwd leaves unwritten fails the check
+        final_state.fill_(float("nan"))
+        gate = lower_bound * torch.sigmoid(torch.exp(A_log.double()).view(H, 1) * (g.double() + dt_bias.double()))
+        qn, kn, b = l2norm_reference(q), l2norm_reference(k), torch.sigmoid(beta.double())
+        cu = cu_seqlens.tolist()
+        for n, (bos, eos) in enumerate(zip(cu[:-1], cu[1:])):
+            o, s = naive_recurrent_kda(qn[0, bos:eos], kn[0, bos:eos], v[0, bos:eos], gate[0, bos:eos],
+                                       b[0, bos:eos], scale, initial_state[n])
+            out[0, bos:eos] = o.to(out.dtype)
+            final_state[n] = s.to(final_state.dtype)
+
+    return fwd
+
+
+def test_flashkda_conversion_computes_the_benchmark_workload():
+    # The benchmark's own inputs (K = V = 128, bf16, safe gate, int32 cu_seqlens, flat g_bias).
+    args, _, _ = make_inputs(3, [17, 40, 7], seed=5, device="cpu")
+    calls: list = []
+    o, s = flashkda_call(_flashkda_fwd_float64(calls), flashkda_inputs(args))()
+    assert len(calls) == 1 and calls[0][0] is o and calls[0][1] is s  # returns the buffers it handed fwd
+    assert o.shape == args["v"].shape and o.dtype == torch.bfloat16
+    assert s.shape == args["initial_state"].shape and s.dtype == torch.float32
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    # Same float64 math on both sides, so only the stores round: measured 1.7e-3 (bf16 output) and 2.5e-8
+    # (fp32 state), bounds about 2.4x and 4x that. A K-first state, dt_bias read [K, H] or scale 1 give
+    # output errors of 0.94, 0.31 and 10.
+    assert rel_l2(o, ref_o) < 4e-3
+    assert rel_l2(s, ref_s) < 1e-7
+
+
+class _Timed:
+    """A timed callable that carries the GPU time the fake do_bench reports for it."""
+
+    def __init__(self, fn, ms: float):
+        self.fn, self.ms = fn, ms
+
+    def __call__(self):
+        return self.fn()
+
+
+def test_run_bench_times_flashkda_beside_ours_with_errors_and_ratios(monkeypatch, tmp_path):
+    import triton.testing
+
+    from kdagen import bench
+    from kdagen.bench_peers import flashkda_maker
+
+    def ours(args, ci, co, out):
+        return _Timed(lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out),
+                      1.0)
+
+    def flashkda(args, ci, co, out):
+        return _Timed(flashkda_maker(_flashkda_fwd_float64([]))(args, ci, co, out), 2.5)
+
+    monkeypatch.setattr(bench, "_impls", lambda: {"kdagen-triton": ours, "flashkda": flashkda})
+    monkeypatch.setattr(bench, "_inputs", lambda H, T, N, seed=0: make_inputs(H, equal_lens(T, N), seed=seed,
+                                                                              device="cpu"))
+    monkeypatch.setattr(bench, "CHECK_SHAPE", (2, 40, 2))
+    monkeypatch.setattr(bench, "REF_MAX_TOKEN_HEADS", 100)  # the second shape takes the check shape's errors
+    monkeypatch.setattr(bench, "_ceilings", lambda: (4e12, 6e14))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "host_us", lambda fn, sync: 5.0)  # 30 interpreted calls per row otherwise
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, **kw: fn.ms)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: fn.ms + 0.1)
+    rows = bench.run_bench([(2, 48, 2), (2, 64, 1)], tmp_path)
+    assert [(r["impl"], r["T"]) for r in rows] == [("kdagen-triton", 48), ("flashkda", 48),
+                                                   ("kdagen-triton", 64), ("flashkda", 64)]
+    assert [r["err_at"] for r in rows] == ["own", "own", "2:40:2", "2:40:2"]
+    # Each implementation's own errors: ours in bf16 on chunks of 64, the fake FlashKDA in float64.
+    assert all(r["err_o"] < 1e-2 and r["err_s"] < 1e-2 for r in rows)
+    assert rows[1]["err_s"] < 1e-7 < rows[0]["err_s"]
+    assert {r["best_peer"] for r in rows} == {"flashkda"} and rows[0]["vs_best_peer"] == 2.5
+    assert rows[0]["gpu_ms"] == 1.0 and rows[0]["eager_ms"] == 1.1 and rows[0]["host_us"] == 5.0
+    assert (tmp_path / "bench.csv").read_text().splitlines()[0].split(",")[-3:] == \
+        ["best_peer", "best_peer_ms", "vs_best_peer"]

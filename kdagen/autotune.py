@@ -253,33 +253,34 @@ def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=N
     """One Triton kernel ("prologue", "wu" or "recurrence") of a chunk_kda_prefill call, launched alone
     with `tun`, on a workspace the kernels before it have filled (so each one reads real values); the
     recurrence writes `out` (a new tensor if None)."""
-    import torch
-
-    from kdagen.runtime import triton_path
-    from kdagen.runtime.device import INTERPRETER, target_of
+    import kdagen_kernels
+    from kdagen.runtime.planning import plan_kda_prefill
 
     q, v = args["q"], args["v"]
-    T, H, K = q.shape[1], q.shape[2], q.shape[3]
-    target = target_of(q.device) if q.is_cuda else INTERPRETER
-    ws = triton_path.new_workspace(mod, T, H, ci.shape[0], q.dtype, q.device)
-    gates = dict(q=q, k=args["k"], raw_g=args["raw_g"], raw_beta=args["raw_beta"], A_log=args["A_log"],
-                 g_bias=args["g_bias"], lower_bound=args["lower_bound"], cu_seqlens=args["cu_seqlens"],
-                 chunk_indices=ci)
-    steps = {
-        "prologue": lambda: triton_path.launch_prologue(mod, tun, ws, target=target, **gates, scale=K ** -0.5,
-                                                        use_qk_l2norm=True),
-        "wu": lambda: triton_path.launch_wu(mod, tun, ws, **gates, v=v),
-    }
+    cu = args["cu_seqlens"]
+    entry = next(e for e in kdagen_kernels.VARIANTS if e.backend == "triton" and e.name == mod.NAME)
+    plan = plan_kda_prefill(
+        (entry,), cu, cu.cpu(), num_heads=q.shape[2], head_dim_k=q.shape[3], head_dim_v=v.shape[3],
+        dtype=q.dtype, lower_bound=args["lower_bound"], has_g_bias=args["g_bias"] is not None,
+        use_qk_l2norm_in_kernel=True, chunk_indices=ci, chunk_offsets=co, output_final_state=True, tuning=tun)
+    values, state_in, *_ = plan.bind(q, args["k"], v, args["raw_g"], args["raw_beta"], args["A_log"],
+                                     args["g_bias"], q.shape[3] ** -0.5, args["initial_state"], out, None)
+    program = plan.program
+    assert program is not None
+    steps = {"prologue": program.prologue, "wu": program.wu}
     for step in steps.values():
-        step()
+        if step is not None:
+            step(values)
     if kernel in steps:
-        return steps[kernel]
-    out = torch.empty_like(v) if out is None else out
-    st = triton_path.StateArgs(1, 1, args["initial_state"], torch.empty_like(args["initial_state"]))
-    groups = triton_path.recurrence_groups(mod, tun, args["cu_seqlens"].numel() - 1, H, ci.shape[0], q.device)
-    return lambda: triton_path.launch_recurrence(mod, tun, ws, target=target, scale=K ** -0.5,
-                                                 cu_seqlens=args["cu_seqlens"], chunk_offsets=co, out=out, state=st,
-                                                 groups=groups)
+        step = steps[kernel]
+        return (lambda: step(values)) if step is not None else (lambda: None)
+    walks = program.walks.get(state_in, ())
+
+    def walk() -> None:
+        for launch in walks:
+            launch(values)
+
+    return walk
 
 
 # -------------------------------------------------------------------------------------------- command

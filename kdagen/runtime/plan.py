@@ -64,6 +64,7 @@ class KdaPrefillPlan:
         self.batch = b
         self.entry, self.target, self.lib = entry, target, lib
         self.path = "fused" if lib is not None else "triton"
+        self.program: TritonProgram | None = None
         self._data_checks = data_checks
         self._checked_rows: set[tuple[str, int]] = set()
         self._packed_shape = (1, p.B * p.T, p.H)
@@ -76,7 +77,6 @@ class KdaPrefillPlan:
         if lib is not None:
             self.groups = groups  # None: fused_path picks from its own cost model
             self.workspace_bytes = 0
-            self._program = None
             return
         if b.checkpoint_offsets is not None:
             raise NotImplementedError(
@@ -94,7 +94,7 @@ class KdaPrefillPlan:
             storage = check_workspace(workspace, layout.nbytes, b.device, OP)
         self.workspace = storage
         state_ins = (2,) if self._paged else (0, 1)
-        self._program = TritonProgram(
+        self.program = TritonProgram(
             mod, target=target, tuning=tun, ws=layout.views(storage), H=p.H, N=p.N, n_chunks=n_chunks,
             groups=self.groups, lower_bound=b.lower_bound, has_bias=b.has_g_bias, use_l2norm=b.use_qk_l2norm,
             cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co, state_ins=state_ins,
@@ -122,6 +122,20 @@ class KdaPrefillPlan:
         if self.lib is not None:
             return self._run_fused(q, k, v, raw_g, raw_beta, A_log, g_bias, float(scale), initial_state, out,
                                    state_cache, checkpoint_state)
+        values, state_in, o, o_packed, final = self.bind(q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
+                                                         initial_state, out, state_cache, strides)
+        self.program.run(values, state_in)  # type: ignore[union-attr]
+        if o_packed is not o:
+            o.copy_(o_packed.view(o.shape))
+        return o, final
+
+    def bind(self, q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state, out, state_cache,
+             strides=None) -> tuple[dict[str, object], int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The Triton launches' per-run arguments for checked tensors, the recurrence's STATE_IN, the output,
+        its packed view and the final state (allocated here). Tools time single kernels with it."""
+        b, p = self.batch, self.problem
+        if strides is None:
+            strides = tuple(t.stride() for t in (q, k, v, raw_g, raw_beta))
         o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
         o_packed = o
         if p.B != 1:
@@ -145,7 +159,7 @@ class KdaPrefillPlan:
         spare = self._cu  # any valid pointer for an unused state argument; the constexprs keep it unread
         sh0 = h0.stride() if h0 is not None else (0, 0)
         sht = sh0 if ht is h0 else ht.stride() if ht is not None else (0, 0)
-        self._program.run({  # type: ignore[union-attr]
+        values = {
             "q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta,
             "A_log": A_log if A_log.dim() == 1 else A_log.reshape(-1),
             "g_bias": A_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1),
@@ -154,10 +168,8 @@ class KdaPrefillPlan:
             "sg_t": sg[1], "sg_h": sg[2], "sb_t": sb[1], "sb_h": sb[2],
             "o": o_packed, "so_t": so[1], "so_h": so[2], "h0": h0 if h0 is not None else spare,
             "ht": ht if ht is not None else spare, "sh0_n": sh0[0], "sh0_h": sh0[1], "sht_n": sht[0],
-            "sht_h": sht[1], "n_slots": n_slots}, state_in)
-        if o_packed is not o:
-            o.copy_(o_packed.view(o.shape))
-        return o, final
+            "sht_h": sht[1], "n_slots": n_slots}
+        return values, state_in, o, o_packed, final
 
     def _fast_ok(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
                  checkpoint_state, scale) -> tuple | None:

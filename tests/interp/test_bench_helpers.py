@@ -12,7 +12,7 @@ from kdagen.autotune import kernel_call
 from kdagen.bench import equal_lens, make_inputs
 from kdagen.bench_peers import flashkda_call, flashkda_inputs
 from kdagen.reference import chunk_kda_prefill_reference, l2norm_reference, naive_recurrent_kda, rel_l2
-from kdagen.runtime import triton_path
+from kdagen.runtime import launch, triton_path
 
 
 def test_equal_lens_packs_t_tokens():
@@ -35,16 +35,16 @@ def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning(monkeypatch):
     tun = dict(triton_path.tuning_for(mod, "interpreter"), prologue_block_k=32, wu_block_k=32)
     ref_o, _ = chunk_kda_prefill_reference(**args)
     launched = []
-    for name in ("launch_prologue", "launch_wu", "launch_recurrence"):
-        real = getattr(triton_path, name)
-        monkeypatch.setattr(triton_path, name,
-                            lambda *a, _real=real, _name=name, **kw: (launched.append((_name, a[1])), _real(*a, **kw)))
+    real = launch.KernelLaunch.__call__
+    monkeypatch.setattr(launch.KernelLaunch, "__call__",
+                        lambda self, values: (launched.append((self.abi.name, self.constexprs.get("BLOCK_K"),
+                                                               self.options["num_warps"])), real(self, values)))
     for kernel in ("prologue", "wu"):
         call = kernel_call(mod, tun, kernel, args, ci, co)
         launched.clear()
         call()
         # The returned callable launches that kernel alone, with the given tuning.
-        assert launched == [(f"launch_{kernel}", tun)]
+        assert launched == [(f"kda_{kernel}", tun[f"{kernel}_block_k"], tun[f"{kernel}_warps"])]
     out = torch.full_like(args["v"], float("nan"))  # poisoned: an unwritten element fails the check
     kernel_call(mod, tun, "recurrence", args, ci, co, out=out)()
     assert rel_l2(out, ref_o) < 1e-2

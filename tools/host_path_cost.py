@@ -1,56 +1,87 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Host-side cost of one chunk_kda_prefill call with the kernel launches faked (no GPU needed).
+"""Host-side cost of a chunk_kda_prefill call and of a plan's run, as multiples of one `a.add_(b)`.
 
 Usage: TRITON_INTERPRET=1 PYTHONPATH=.:generated python tools/host_path_cost.py [H:T:N] [--profile]
 
-Times the Python path of the Triton dispatch (argument checks, variant choice, chunk metadata given,
-workspace allocations, launch arguments) on CPU tensors, with kda_prologue / kda_wu / kda_recurrence
-launches replaced by no-ops and the data-value checks (which run on CPU tensors but not on GPU ones
-unless KDAGEN_DEBUG=1) switched off. What it leaves out: Triton's own launch cost per kernel (3 to 5
-launches) and CUDA allocations, which `python -m kdagen bench` measures on the GPU in its host column.
-Keep T small (the default 12:1024:16): on the CPU, large workspace buffers cost the allocator tens of
-microseconds that CUDA's caching allocator does not, and the Python cost does not depend on T.
+vLLM's common case on CPU tensors: bf16, K = V = 128, cu_seqlens with caller-built chunk metadata, the
+safe gate with g_bias, L2 norm in kernel, a paged state cache, `out` given. Triton's interpreter launch
+entry (InterpretedFunction.run) is replaced by a no-op and torch runs on one thread, so what is timed is
+kdagen's Python path plus Triton's own launch closure: the per-layer checks, the argument binding and the
+plan cache's lookup. The figure is the median of interleaved rounds of each, reported as a ratio to one
+`add_` of two 16-float tensors timed in the same rounds, so that a slower or busier machine moves both.
 """
 
 from __future__ import annotations
 
-import cProfile
-import pstats
+import statistics
 import sys
 import time
 
-import kdagen_kernels
-from kdagen.bench import make_inputs
-from kdagen.runtime import dispatch, triton_path
+import torch
+
+
+def _median_us(fn, n: int) -> float:
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples) * 1e6
 
 
 def main() -> None:
+    torch.set_num_threads(1)
+    from triton.runtime.interpreter import InterpretedFunction
+
+    import kdagen_kernels as kk
+    from kdagen.bench import make_inputs
+
     argv = sys.argv[1:]
-    profile = "--profile" in argv
-    shape = [a for a in argv if a != "--profile"]
-    H, T, N = (int(x) for x in (shape[0] if shape else "12:1024:16").split(":"))
-    for name in ("launch_prologue", "launch_wu", "launch_recurrence"):
-        setattr(triton_path, name, lambda *a, **kw: None)
-    dispatch.debug_checks.check_data = lambda *a, **kw: None
+    shape = [a for a in argv if not a.startswith("--")]
+    H, T, N = (int(x) for x in (shape[0] if shape else "12:1024:4").split(":"))
     args, ci, co = make_inputs(H, [T // N] * N, K=128, V=128, seed=1, device="cpu")
+    cache = torch.randn(N + 4, H, 128, 128)
+    slots = torch.arange(N, dtype=torch.int32)
+    has_init = torch.ones(N, dtype=torch.bool)
+    out = torch.empty_like(args["v"])
+    q, k, v, g, beta, A_log, g_bias = (args[n] for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias"))
+    cu = args["cu_seqlens"]
+    plan = kk.plan_kda_prefill(cu, cu, num_heads=H, head_dim_k=128, head_dim_v=128, lower_bound=args["lower_bound"],
+                               has_g_bias=True, use_qk_l2norm_in_kernel=True, chunk_indices=ci, chunk_offsets=co,
+                               state_indices=slots, has_initial_state=has_init)
+    InterpretedFunction.run = lambda self, *a, **kw: None  # the launches themselves: no-ops from here on
 
     def call():
-        return kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co)
+        kk.chunk_kda_prefill(q, k, v, g, beta, A_log, g_bias, lower_bound=args["lower_bound"],
+                             use_qk_l2norm_in_kernel=True, cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
+                             out=out, state_cache=cache, state_indices=slots, has_initial_state=has_init)
 
-    for _ in range(100):
-        call()
-    samples = []
-    for _ in range(2000):
-        t = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - t)
-    samples.sort()
-    print(f"H={H} T={T} N={N}: host path without launches {1e6 * samples[len(samples) // 2]:.1f} us per call "
-          f"(median of 2000; p10 {1e6 * samples[len(samples) // 10]:.1f})")
-    if profile:
+    def run():
+        plan.run(q, k, v, g, beta, A_log, g_bias, out=out, state_cache=cache)
+
+    a, b = torch.randn(16), torch.randn(16)
+
+    def add():
+        a.add_(b)
+
+    for f in (add, call, run):
+        _median_us(f, 500)
+    rounds = {"add": [], "call": [], "run": []}
+    for _ in range(15):
+        for name, f in (("add", add), ("call", call), ("run", run)):
+            rounds[name].append(_median_us(f, 400))
+    add_us, call_us, run_us = (statistics.median(rounds[n]) for n in ("add", "call", "run"))
+    print(f"H={H} T={T} N={N}, launches no-ops, one torch thread (median of 15 rounds x 400):")
+    print(f"  a.add_(b), 16 floats      {add_us:7.2f} us")
+    print(f"  chunk_kda_prefill (cached) {call_us:7.1f} us = {call_us / add_us:5.1f}x add_")
+    print(f"  plan.run                   {run_us:7.1f} us = {run_us / add_us:5.1f}x add_")
+    if "--profile" in argv:
+        import cProfile
+        import pstats
+
         pr = cProfile.Profile()
         pr.enable()
-        for _ in range(500):
+        for _ in range(2000):
             call()
         pr.disable()
         pstats.Stats(pr).sort_stats("tottime").print_stats(20)

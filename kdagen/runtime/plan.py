@@ -130,7 +130,7 @@ class KdaPrefillPlan:
         return o, final
 
     def bind(self, q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state, out, state_cache,
-             strides=None) -> tuple[dict[str, object], int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+             strides=None) -> tuple[list, int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The Triton launches' per-run arguments for checked tensors, the recurrence's STATE_IN, the output,
         its packed view and the final state (allocated here). Tools time single kernels with it."""
         b, p = self.batch, self.problem
@@ -159,16 +159,12 @@ class KdaPrefillPlan:
         spare = self._cu  # any valid pointer for an unused state argument; the constexprs keep it unread
         sh0 = h0.stride() if h0 is not None else (0, 0)
         sht = sh0 if ht is h0 else ht.stride() if ht is not None else (0, 0)
-        values = {
-            "q": q, "k": k, "v": v, "raw_g": raw_g, "raw_beta": raw_beta,
-            "A_log": A_log if A_log.dim() == 1 else A_log.reshape(-1),
-            "g_bias": A_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1),
-            "scale": float(scale),
-            "sq_t": sq[1], "sq_h": sq[2], "sk_t": sk[1], "sk_h": sk[2], "sv_t": sv[1], "sv_h": sv[2],
-            "sg_t": sg[1], "sg_h": sg[2], "sb_t": sb[1], "sb_h": sb[2],
-            "o": o_packed, "so_t": so[1], "so_h": so[2], "h0": h0 if h0 is not None else spare,
-            "ht": ht if ht is not None else spare, "sh0_n": sh0[0], "sh0_h": sh0[1], "sht_n": sht[0],
-            "sht_h": sht[1], "n_slots": n_slots}
+        # In triton_path.RUN_ORDER.
+        values = [q, k, v, raw_g, raw_beta, A_log if A_log.dim() == 1 else A_log.reshape(-1),
+                  A_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1), float(scale),
+                  sq[1], sq[2], sk[1], sk[2], sv[1], sv[2], sg[1], sg[2], sb[1], sb[2],
+                  o_packed, so[1], so[2], h0 if h0 is not None else spare, ht if ht is not None else spare,
+                  sh0[0], sh0[1], sht[0], sht[1], n_slots]
         return values, state_in, o, o_packed, final
 
     def _fast_ok(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,

@@ -86,11 +86,10 @@ def fp32_dot(target: str) -> str:
 
 
 
-# Per-run arguments, filled by the plan's run from the layer's tensors (kdagen/kernels/kda.py names them).
-_GATE_RUN = ("q", "k", "raw_g", "raw_beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sg_t", "sg_h",
-             "sb_t", "sb_h")
-_WALK_RUN = ("o", "h0", "ht", "scale", "so_t", "so_h", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots")
-_SCAN_RUN = ("h0", "sh0_n", "sh0_h", "n_slots")
+# The per-run values every launch reads (plan.bind builds them in this order; kdagen/kernels/kda.py names them).
+RUN_ORDER = ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t",
+             "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n",
+             "sht_h", "n_slots")
 
 
 def workspace_layout(mod: ModuleType, T: int, H: int, n_chunks: int, N: int, groups: int,
@@ -141,13 +140,13 @@ class TritonProgram:
                                 DIAG_REF=diag_ref(lower_bound), FP32_DOT=fp32_dot(target)),
                 options=dict(num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"]),
                 static=dict(chunk_static, aqk_ws=ws["aqk"], tinv_ws=ws["tinv"], rnorm_ws=ws["rnorm"]),
-                dynamic=_GATE_RUN + ("scale",))
+                run_order=RUN_ORDER)
             self.wu = KernelLaunch(
                 mod, KDA_WU, (n_chunks, H), constexprs=dict(gates, BLOCK_K=tun["wu_block_k"]),
                 options=dict(num_warps=tun["wu_warps"], num_stages=tun["wu_stages"]),
                 static=dict(chunk_static, tinv_ws=ws["tinv"], rnorm_ws=ws["rnorm"], qg_ws=ws["qg"], w_ws=ws["w"],
                             kg_ws=ws["kg"], u_ws=ws["u"], decay_ws=ws["decay"]),
-                dynamic=_GATE_RUN + ("v", "sv_t", "sv_h"))
+                run_order=RUN_ORDER)
         self.walks: dict[int, tuple[KernelLaunch, ...]] = {}
         if N > 0 and H > 0:
             # Any valid pointer stands in for an unused argument; the constexprs keep the kernel from reading it.
@@ -170,7 +169,7 @@ class TritonProgram:
                                     DOT_F32=dot_f32),
                     options=dict(num_warps=tun["recurrence_warps"],
                                  num_stages=recurrence_stages(tun, grid[0] * grid[1] * grid[2], sms)),
-                    static=walk_static, dynamic=_WALK_RUN)
+                    static=walk_static, run_order=RUN_ORDER)
 
             for state_in in state_ins:
                 if groups == 1:
@@ -185,7 +184,7 @@ class TritonProgram:
                     options=dict(num_warps=4, num_stages=1),
                     static=dict(group_op=group_op, group_in=group_in, state_indices=idx, has_initial_state=flag,
                                 cu_seqlens=cu_seqlens, H=H, n_seq=N, G=groups),
-                    dynamic=_SCAN_RUN)
+                    run_order=RUN_ORDER)
                 self.walks[state_in] = (walk(1, mod.BV + mod.BK, groups - 1, min(block_v, mod.BK), state_in), scan,
                                         walk(2, mod.HEAD_DIM_V, groups, block_v, state_in))
 
@@ -193,7 +192,7 @@ class TritonProgram:
         pre = tuple(x for x in (self.prologue, self.wu) if x is not None)
         return pre + self.walks.get(state_in, ())
 
-    def run(self, values: Mapping[str, object], state_in: int) -> None:
+    def run(self, values: list, state_in: int) -> None:
         if self.prologue is not None:
             self.prologue(values)
             self.wu(values)  # type: ignore[misc]

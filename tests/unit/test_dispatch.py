@@ -243,9 +243,7 @@ def _program(monkeypatch, *, BK, BV, V, T, N, H, groups, sms, tun=None):
         has_bias=True, use_l2norm=True, cu_seqlens=cu, chunk_indices=torch.zeros(2, 2, dtype=torch.int32),
         chunk_offsets=torch.zeros(N + 1, dtype=torch.int64), state_ins=(0, 1), state_out=1, state_indices=None,
         has_initial_state=None, device=torch.device("cpu"))
-    values = {n: 0 for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale", "sq_t", "sq_h", "sk_t",
-                             "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "o", "so_t", "so_h", "h0", "ht",
-                             "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots")}
+    values = [0] * len(triton_path.RUN_ORDER)
     return program, values, calls
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-ALIGN = 256  # bytes; every view starts aligned (Triton specialises pointers on 16-byte alignment)
+ALIGN = 256  # bytes between views' starts
+BASE_ALIGN = 16  # a caller's buffer: Triton specialises pointers on 16-byte alignment (CUDA allocations have 256)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class WorkspaceLayout:
         return WorkspaceLayout(tuple(bufs), max(off, ALIGN))
 
     def views(self, storage: torch.Tensor) -> dict[str, torch.Tensor]:
-        """name -> view of `storage` (a uint8 tensor of at least nbytes bytes, ALIGN-aligned)."""
+        """name -> view of `storage` (a uint8 tensor of at least nbytes bytes, BASE_ALIGN-aligned)."""
         out = {}
         for b in self.buffers:
             raw = storage[b.offset:b.offset + b.nbytes]
@@ -66,8 +67,8 @@ def check_workspace(buf: object, nbytes: int, device: torch.device, op: str) -> 
         problems.append("not contiguous")
     if buf.numel() * buf.element_size() < nbytes:
         problems.append(f"{buf.numel() * buf.element_size()} bytes (this plan needs {nbytes})")
-    if buf.numel() and buf.data_ptr() % ALIGN:
-        problems.append(f"data_ptr not {ALIGN}-byte aligned")
+    if buf.numel() and buf.data_ptr() % BASE_ALIGN:
+        problems.append(f"data_ptr not {BASE_ALIGN}-byte aligned")
     if problems:
         raise ValueError(f"{op}: workspace: {'; '.join(problems)}. Pass torch.empty(plan.workspace_bytes, "
                          f"dtype=torch.uint8, device=...) or None to let the plan allocate it")

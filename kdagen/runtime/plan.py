@@ -28,8 +28,8 @@ from .device import target_of
 from .jit_hip import HipLibrary
 from .registry import VariantEntry
 from .triton_path import TritonProgram, recurrence_groups, tuning_for, workspace_layout
-from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, may_overlap,
-                       no_overlap)
+from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
+                       may_overlap, no_overlap)
 from .workspace import check_workspace
 
 
@@ -180,7 +180,7 @@ class KdaPrefillPlan:
                     and A_log.numel() == p.H and A_log.dtype in FLOAT_DTYPES
                     and q.get_device() == dev and k.get_device() == dev and v.get_device() == dev
                     and raw_g.get_device() == dev and raw_beta.get_device() == dev and A_log.get_device() == dev
-                    and (g_bias is not None) == b.has_g_bias and type(scale) in (float, int)
+                    and (g_bias is not None) == b.has_g_bias and (type(scale) is float or is_real(scale))
                     and math.isfinite(scale)):
                 return None
             strides = (q.stride(), k.stride(), v.stride(), raw_g.stride(), raw_beta.stride())

@@ -109,7 +109,7 @@ def check_flags(output_final_state, use_qk_l2norm_in_kernel, use_fused_chunk) ->
     flag("use_fused_chunk", use_fused_chunk)
 
 
-def _real(x: object) -> bool:
+def is_real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
@@ -137,7 +137,7 @@ def no_overlap(arg: str, t: torch.Tensor, other: str, o: torch.Tensor | None, wh
 
 
 def check_gate_form(lower_bound) -> None:
-    if lower_bound is not None and not _real(lower_bound):
+    if lower_bound is not None and not is_real(lower_bound):
         fail("lower_bound", "None or a finite negative float (the gate lies in (lower_bound, 0))",
              _what(lower_bound), exc=TypeError)
     if lower_bound is not None and (not math.isfinite(lower_bound) or lower_bound >= 0):
@@ -207,7 +207,7 @@ def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu
         tensor("g_bias", g_bias, dtypes=FLOAT_DTYPES, device=dev)
         if g_bias.numel() != H * K:
             fail("g_bias", f"{H * K} values (H * K, viewed [H, K])", _desc(g_bias))
-    if not _real(scale):
+    if not is_real(scale):
         fail("scale", "None or a finite float", _what(scale), exc=TypeError)
     if not math.isfinite(scale):
         fail("scale", "None or a finite float", repr(scale), "The default is K ** -0.5")

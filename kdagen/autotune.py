@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 
 from kdagen.cli import add_command
 from kdagen.spec.model import TritonTuning
-from kdagen.targets import TARGETS, estimate_triton_smem, next_pow2
+from kdagen.targets import TARGETS, estimate_triton_smem, next_pow2, refused_config
 
 PROLOGUE_KNOBS = ("prologue_warps", "prologue_stages", "prologue_block_k")
 WU_KNOBS = ("wu_warps", "wu_stages", "wu_block_k")
@@ -78,11 +78,14 @@ def recurrence_candidates(v: VariantDims, target: str) -> list[dict[str, int]]:
 
 
 def candidates(kernel: str, v: VariantDims, target: str) -> list[dict[str, int]]:
+    """The configs to time; those a Triton release is known to miscompile for `target` are skipped."""
     if kernel == "prologue":
-        return prologue_candidates(v)
-    if kernel == "wu":
-        return wu_candidates(v)
-    return recurrence_candidates(v, target)
+        found = prologue_candidates(v)
+    elif kernel == "wu":
+        found = wu_candidates(v)
+    else:
+        found = recurrence_candidates(v, target)
+    return [c for c in found if refused_config(target, c) is None]
 
 
 @dataclass

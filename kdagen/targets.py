@@ -5,6 +5,7 @@ Dependency-free (no torch, YAML or Jinja), so the runtime can import it without 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,42 @@ class Target:
     # off-diagonal blocks): NVIDIA's fp32 "ieee" dot runs on FMA units and spills; tf32x3 runs on the
     # tensor cores. CDNA has fp32 MFMA.
     triton_fp32_dot: str
+    triton_refused: tuple[RefusedConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class RefusedConfig:
+    """A Triton launch config that a Triton release compiles wrongly for this target: specs, autotune and
+    plans refuse it with `why`."""
+
+    knobs: tuple[tuple[str, int], ...]  # every (knob, value) must match
+    why: str
+
+    def matches(self, tuning: Mapping[str, int]) -> bool:
+        return all(tuning.get(k) == v for k, v in self.knobs)
+
+
+# Measured on an H200 with triton 3.6.0 (2026-12-01, tools/repro_recurrence.py and compute-sanitizer):
+# kda_recurrence with 4 warps and a 32-row V slice is miscompiled. Its wgmma operand read overruns the
+# kernel's shared-memory allocation by 1 KiB ("Invalid __shared__ read of size 1024 bytes" at the tl.dot),
+# an illegal address at one pipeline stage and NaN output at two, at every shape tried (H=2 T=200 to H=12
+# T=4096). 2 and 8 warps at block_v 32, and 4 warps at block_v 64, agree with the spec config bit for bit, and
+# the interpreter runs the same kernel correctly. Our kernel addresses no shared memory itself, so the fault
+# is Triton's. Releases 3.7-3.9 have not run on a GPU here: it is refused on all of them.
+_SM90_WGMMA_BV32 = RefusedConfig(
+    knobs=(("recurrence_warps", 4), ("block_v", 32)),
+    why="Triton (3.6.0 measured; 3.7-3.9 not verified) miscompiles kda_recurrence on sm_90 with "
+        "recurrence_warps 4 and block_v 32: its wgmma reads past the shared-memory allocation (an illegal "
+        "address or NaN output, compute-sanitizer on an H200). Use block_v 64, or 2 or 8 recurrence_warps")
+
+
+def refused_config(target: str, tuning: Mapping[str, int]) -> str | None:
+    """Why `tuning` must not run on `target`, or None."""
+    known = TARGETS.get(target)
+    for bad in known.triton_refused if known is not None else ():
+        if bad.matches(tuning):
+            return bad.why
+    return None
 
 
 def vendor_of(target: str) -> Literal["amd", "nvidia"]:
@@ -48,7 +85,7 @@ TARGETS: dict[str, Target] = {
     ),
     "sm_90": Target(
         name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
-        smem_per_block=227 * 1024, hip_v_slice=64, triton_fp32_dot="tf32x3",
+        smem_per_block=227 * 1024, hip_v_slice=64, triton_fp32_dot="tf32x3", triton_refused=(_SM90_WGMMA_BV32,),
     ),
 }
 

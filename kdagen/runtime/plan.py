@@ -30,6 +30,7 @@ from .registry import VariantEntry
 from .triton_path import TritonProgram, recurrence_groups, tuning_for, workspace_layout
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
                        may_overlap, no_overlap)
+from ..targets import refused_config
 from .workspace import check_workspace
 
 
@@ -84,6 +85,8 @@ class KdaPrefillPlan:
                 "run for this call; the Triton path cannot write checkpoints")
         assert mod is not None
         self.tuning = tun = dict(tuning) if tuning is not None else tuning_for(mod, target)
+        if (why := refused_config(target, tun)) is not None:
+            raise ValueError(f"{OP}: tuning {tun} refused on {target}: {why}")
         n_chunks = ci.shape[0]
         self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups)
         layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype)

@@ -7,7 +7,7 @@ import difflib
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from kdagen.spec.errors import SpecError, format_error
 from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
 from kdagen.targets import (
     BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, HIP_THREADS, MAX_HEAD_DIM, MAX_STAGES,
-    MIN_HEAD_DIM, SUB_CHUNK, TARGETS, WARPS, estimate_triton_smem, next_pow2,
+    MIN_HEAD_DIM, SUB_CHUNK, TARGETS, WARPS, estimate_triton_smem, next_pow2, refused_config,
 )
 from kdagen.spec.yaml_nodes import INVALID, Report, YList, YMap, join, parse_yaml
 
@@ -365,6 +365,9 @@ def _parse_variant(item: YMap, where: str, op: str | None, rel: str, file_tuning
                 continue
             if backend == "triton":  # the HIP kernels' LDS is checked by their offline compiles (tests/aot)
                 _check_smem(where, item.line, k, v, chunk, dtype, target, tun, report)
+                if (why := refused_config(target, asdict(tun))) is not None:
+                    report(item.line, where, f"tuning.triton.{target}: {why}")
+                    continue
             tuning.append((target, tun))
         if len(tuning) == len(targets):
             out.append(VariantSpec(op=op, label=label, backend=backend, dtype=dtype, head_dim_k=k,

@@ -120,7 +120,7 @@ def test_ties_keep_the_current_knobs():
     def fake(variant, target, kernel, knobs, shapes):
         if kernel != "recurrence":
             return Trial(knobs, ms=[1.0])
-        if knobs["recurrence_warps"] == 4 and knobs["block_v"] == 32:
+        if knobs["recurrence_warps"] == 4 and knobs["block_v"] == 16:
             return Trial(knobs, ms=[0.95 if knobs["recurrence_stages_sparse"] == 1 else 0.945])
         return Trial(knobs, ms=[1.0])
 
@@ -166,3 +166,11 @@ def test_knob_filters_narrow_the_search_and_bad_ones_are_named():
     assert all(c["prologue_warps"] in (1, 2) and c["prologue_block_k"] == 32 for c in seen[1:]) and len(seen) == 5
     with pytest.raises(ValueError, match="NAME one of prologue_warps"):
         autotune.parse_knob_filters(["warps=1"])
+
+
+def test_autotune_skips_configs_triton_miscompiles():
+    from kdagen.autotune import candidates
+
+    sm90 = candidates("recurrence", KIMI, "sm_90")
+    assert sm90 and not any(c["recurrence_warps"] == 4 and c["block_v"] == 32 for c in sm90)
+    assert any(c["recurrence_warps"] == 4 and c["block_v"] == 32 for c in candidates("recurrence", KIMI, "gfx942"))

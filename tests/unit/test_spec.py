@@ -108,9 +108,10 @@ def test_tuning_layers_defaults_file_variant(tmp_path):
 
 
 def test_inherited_block_v_is_clamped_to_head_dim_v(tmp_path):
-    # The built-in block_v (64) is a default; a V=32 variant takes its whole V instead of failing.
-    (spec,) = load_text(tmp_path, GOOD.replace("head_dim_v: 64", "head_dim_v: 32"))
-    assert spec.variants[0].tuning_for("sm_90").block_v == 32
+    # The built-in block_v (64) is a default; a V=32 variant takes its whole V instead of failing. (On
+    # gfx950: sm_90 refuses block_v 32 at the default 4 recurrence warps, test below.)
+    (spec,) = load_text(tmp_path, GOOD.replace("head_dim_v: 64", "head_dim_v: 32").replace("[sm_90]", "[gfx950]"))
+    assert spec.variants[0].tuning_for("gfx950").block_v == 32
 
 
 def test_several_backends_expand(tmp_path, monkeypatch):
@@ -358,3 +359,16 @@ def test_block_k_knobs_are_bounded_by_the_head_dims_they_slice(tmp_path):
         "specs/k.yaml:10: variants[0].tuning.triton.sm_90.wu_block_k: 64 exceeds "
         "min(next_pow2(head_dim_k), next_pow2(head_dim_v)) = 32; use wu_block_k <= 32",
     ]
+
+
+def test_a_config_triton_miscompiles_on_sm_90_is_refused(tmp_path):
+    # 4 recurrence warps with block_v 32 on sm_90 (kdagen/targets.py _SM90_WGMMA_BV32); the same knobs on
+    # gfx942 (no wgmma) load.
+    text = GOOD + "    tuning: {triton: {sm_90: {recurrence_warps: 4, block_v: 32}}}\n"
+    (err,) = errors_of(tmp_path, k=text)
+    assert "tuning.triton.sm_90: Triton (3.6.0 measured" in err and "Use block_v 64, or 2 or 8 recurrence_warps" in err
+    ok = GOOD.replace("targets: [sm_90]", "targets: [gfx942]") + \
+        "    tuning: {triton: {gfx942: {recurrence_warps: 4, block_v: 32}}}\n"
+    (tmp_path / "amd").mkdir()
+    (spec,) = load_text(tmp_path / "amd", ok)
+    assert spec.variants[0].tuning_for("gfx942").block_v == 32

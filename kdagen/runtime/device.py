@@ -47,6 +47,11 @@ def check_interpreter_mode(device) -> None:
                          "to run the compiled kernels")
 
 
+def jit_launch_forced() -> bool:
+    """KDAGEN_TRITON_JIT_LAUNCH=1: every Triton launch goes through JITFunction.run (Note [Compiled launch])."""
+    return os.environ.get("KDAGEN_TRITON_JIT_LAUNCH", "0") not in ("", "0")
+
+
 def debug_enabled() -> bool:
     """KDAGEN_DEBUG=1: run the data-dependent argument checks on device tensors too (they sync)."""
     return os.environ.get("KDAGEN_DEBUG", "0") not in ("", "0")

@@ -6,6 +6,16 @@ and every argument that does not change between runs are fixed then. A run passe
 (the layer's tensors and strides, in an order the plan names once, `run_order`) to every launch; each picks
 its arguments from that list and its own fixed ones with one itemgetter, in declaration order, so a kernel's
 parameter list and the launch can never disagree, and binding costs one C call.
+
+Note [Compiled launch]
+    Triton's `JITFunction.run` binds and specialises every argument on every launch (about 40 us on the H200
+    machine's host for our kernels). After a launch through it, a KernelLaunch keeps the compiled kernel's own
+    launcher (`CompiledKernel[grid]`, which takes the same arguments) under the run's specialisation key:
+    what Triton specialises a per-run value on (a tensor's dtype and 16-byte alignment; an int's == 1, % 16 and
+    32-bit range; fixed arguments cannot change). A later run with the same key calls that launcher directly;
+    any other key goes through JITFunction.run again, which compiles or finds the right kernel. AMD targets
+    always go through JITFunction.run: Triton also specialises their pointers on the 2 GiB buffer range, which
+    nothing here can verify on a GPU. KDAGEN_TRITON_JIT_LAUNCH=1 turns the direct path off.
 """
 
 from __future__ import annotations
@@ -14,17 +24,35 @@ import operator
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 
+import torch
+
 from ..kernels.schema import ABIError, KernelABI
 from .device import TRITON_COMPILE_OPTIONS
+
+_I32 = range(-2**31, 2**31)
+
+
+def spec_key(values: Sequence[object]) -> tuple:
+    """What Triton specialises the run's values on (Note [Compiled launch])."""
+    key = []
+    for x in values:
+        if type(x) is int:
+            key.append((x == 1, x % 16 == 0, x in _I32))
+        elif isinstance(x, torch.Tensor):
+            key.append((x.dtype, x.data_ptr() % 16 == 0))
+        else:
+            key.append(type(x))
+    return tuple(key)
 
 
 class KernelLaunch:
     """One launch of `abi`'s kernel from module `mod` with fixed grid, constexprs, options and static args."""
 
-    __slots__ = ("abi", "grid", "_call", "_kw", "_static", "_pick", "_constexprs")
+    __slots__ = ("abi", "grid", "_call", "_kw", "_static", "_pick", "_constexprs", "_compiled")
 
     def __init__(self, mod: ModuleType, abi: KernelABI, grid: tuple[int, ...], *, constexprs: Mapping[str, object],
-                 options: Mapping[str, int], static: Mapping[str, object], run_order: Sequence[str]):
+                 options: Mapping[str, int], static: Mapping[str, object], run_order: Sequence[str],
+                 direct: bool = False):
         abi.check_constexprs(constexprs)
         names = abi.runtime_names
         dynamic = [n for n in names if n not in static]
@@ -47,10 +75,23 @@ class KernelLaunch:
         where.update({n: run_order.index(n) for n in dynamic})
         self._pick = operator.itemgetter(*(where[p.name] for p in abi.params))
         self._constexprs = dict(constexprs)
+        # spec_key -> the compiled kernel's launcher; None: always JITFunction.run (Note [Compiled launch]).
+        self._compiled: dict[tuple, object] | None = {} if direct else None
 
-    def __call__(self, values: list) -> None:
-        """values: the run's values in `run_order`."""
-        self._call(*self._pick(values + self._static), **self._kw)
+    def __call__(self, values: list, key: tuple | None = None) -> None:
+        """values: the run's values in `run_order`; key: their spec_key, when direct launches are on."""
+        args = self._pick(values + self._static)
+        compiled = self._compiled
+        if compiled is not None and key is not None:
+            runner = compiled.get(key)
+            if runner is not None:
+                runner(*args)
+                return
+            kernel = self._call(*args, **self._kw)
+            if kernel is not None and hasattr(kernel, "__getitem__"):
+                compiled[key] = kernel[self.grid]
+            return
+        self._call(*args, **self._kw)
 
     @property
     def constexprs(self) -> dict[str, object]:

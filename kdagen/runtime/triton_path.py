@@ -11,10 +11,10 @@ import torch
 import triton
 
 from ..kernels.kda import KDA_GROUP_SCAN, KDA_PROLOGUE, KDA_RECURRENCE, KDA_WU
-from ..targets import TARGETS
-from .device import INTERPRETER, interpreting
+from ..targets import TARGETS, vendor_of
+from .device import INTERPRETER, interpreting, jit_launch_forced
 from .group_scan import check_groups, choose_groups, device_sms, env_groups
-from .launch import KernelLaunch
+from .launch import KernelLaunch, spec_key
 from .workspace import WorkspaceLayout
 
 OP = "chunk_kda_prefill (triton)"
@@ -127,6 +127,9 @@ class TritonProgram:
                  device: torch.device):
         tun = tuning
         self.groups = groups = check_groups(groups, OP)
+        # Note [Compiled launch]: NVIDIA GPUs only; the interpreter has no compiled kernels.
+        self.direct = direct = (not interpreting() and device.type == "cuda" and vendor_of(target) == "nvidia"
+                                and not jit_launch_forced())
         lb = float(lower_bound) if lower_bound is not None else 0.0
         dot_f32 = interpreting()
         self.prologue: KernelLaunch | None = None
@@ -140,13 +143,13 @@ class TritonProgram:
                                 DIAG_REF=diag_ref(lower_bound), FP32_DOT=fp32_dot(target)),
                 options=dict(num_warps=tun["prologue_warps"], num_stages=tun["prologue_stages"]),
                 static=dict(chunk_static, aqk_ws=ws["aqk"], tinv_ws=ws["tinv"], rnorm_ws=ws["rnorm"]),
-                run_order=RUN_ORDER)
+                run_order=RUN_ORDER, direct=direct)
             self.wu = KernelLaunch(
                 mod, KDA_WU, (n_chunks, H), constexprs=dict(gates, BLOCK_K=tun["wu_block_k"]),
                 options=dict(num_warps=tun["wu_warps"], num_stages=tun["wu_stages"]),
                 static=dict(chunk_static, tinv_ws=ws["tinv"], rnorm_ws=ws["rnorm"], qg_ws=ws["qg"], w_ws=ws["w"],
                             kg_ws=ws["kg"], u_ws=ws["u"], decay_ws=ws["decay"]),
-                run_order=RUN_ORDER)
+                run_order=RUN_ORDER, direct=direct)
         self.walks: dict[int, tuple[KernelLaunch, ...]] = {}
         if N > 0 and H > 0:
             # Any valid pointer stands in for an unused argument; the constexprs keep the kernel from reading it.
@@ -169,7 +172,7 @@ class TritonProgram:
                                     DOT_F32=dot_f32),
                     options=dict(num_warps=tun["recurrence_warps"],
                                  num_stages=recurrence_stages(tun, grid[0] * grid[1] * grid[2], sms)),
-                    static=walk_static, run_order=RUN_ORDER)
+                    static=walk_static, run_order=RUN_ORDER, direct=direct)
 
             for state_in in state_ins:
                 if groups == 1:
@@ -184,7 +187,7 @@ class TritonProgram:
                     options=dict(num_warps=4, num_stages=1),
                     static=dict(group_op=group_op, group_in=group_in, state_indices=idx, has_initial_state=flag,
                                 cu_seqlens=cu_seqlens, H=H, n_seq=N, G=groups),
-                    run_order=RUN_ORDER)
+                    run_order=RUN_ORDER, direct=direct)
                 self.walks[state_in] = (walk(1, mod.BV + mod.BK, groups - 1, min(block_v, mod.BK), state_in), scan,
                                         walk(2, mod.HEAD_DIM_V, groups, block_v, state_in))
 
@@ -193,8 +196,9 @@ class TritonProgram:
         return pre + self.walks.get(state_in, ())
 
     def run(self, values: list, state_in: int) -> None:
+        key = spec_key(values) if self.direct else None
         if self.prologue is not None:
-            self.prologue(values)
-            self.wu(values)  # type: ignore[misc]
+            self.prologue(values, key)
+            self.wu(values, key)  # type: ignore[misc]
         for launch in self.walks.get(state_in, ()):
-            launch(values)
+            launch(values, key)

@@ -323,3 +323,36 @@ def test_the_interpreter_flag_flipped_after_import_is_named(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="was set after kdagen_kernels was imported.*Set it before importing"):
         kdagen_kernels.chunk_kda_prefill(**_args())
+
+
+def test_compiled_launches_follow_the_specialisation_key():
+    # Note [Compiled launch]: the first run goes through Triton's JIT launcher, a run with the same key calls
+    # the compiled kernel's own launcher with the same arguments, a run whose values specialise otherwise (a
+    # misaligned tensor, a stride of 1) goes through the JIT again.
+    from kdagen.kernels.schema import KernelABI, constexpr, i32, ptr
+    from kdagen.runtime.launch import KernelLaunch, spec_key
+
+    log = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *a: log.append(("direct", grid, a))
+
+    class Jit:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: (log.append(("jit", grid, a)), Compiled())[1]
+
+    abi = KernelABI("kern", (ptr("x", "fp32"), i32("n"), ptr("y", "fp32", writes=True), constexpr("B")))
+    launch = KernelLaunch(types.SimpleNamespace(kern=Jit()), abi, (4,), constexprs={"B": 16}, options={"num_warps": 4},
+                          static={"y": "Y"}, run_order=("x", "n"), direct=True)
+    x = torch.zeros(64)
+    for values in ([x, 32], [x, 48], [x[1:], 48], [x, 1]):
+        launch(values, spec_key(values))
+    assert [(how, a[1]) for how, _, a in log] == [("jit", 32), ("direct", 48), ("jit", 48), ("jit", 1)]
+    assert all(a[2:] == ("Y", 16) for _, _, a in log)
+    log.clear()
+    off = KernelLaunch(types.SimpleNamespace(kern=Jit()), abi, (4,), constexprs={"B": 16}, options={},
+                       static={"y": "Y"}, run_order=("x", "n"))
+    off([x, 32], spec_key([x, 32]))
+    off([x, 32], spec_key([x, 32]))
+    assert [how for how, _, _ in log] == ["jit", "jit"]

@@ -20,6 +20,7 @@ from kdagen.runtime.device import TRITON_COMPILE_OPTIONS
 from kdagen.targets import TARGETS
 
 TL_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
+CKPT_ARGS = ("ckpt", "ckpt_off", "ckpt_idx", "sck_n", "n_ckpt_rows")  # kda_recurrence's checkpoint arguments
 
 
 @dataclass
@@ -39,7 +40,8 @@ class KernelReport:
         return f"{self.kernel:15s} {self.target:7s} smem={self.shared:7d} regs={self.registers} {spill} mma={mma}"
 
 
-def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: int, state_mode: int) -> dict:
+def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: int, state_mode: int,
+                checkpoint: int = 0) -> dict:
     """Report name -> (kernel, AOT signature from its declaration, constexprs)."""
     io = TL_DTYPES[mod.DTYPE]
     sig = {name: abi.aot_signature(io) for name, abi in KDA_KERNELS.items()}
@@ -47,12 +49,21 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: in
     pro_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "USE_L2NORM": True, "DIAG_REF": diag_ref,
                  "DOT_F32": False, "FP32_DOT": fp32_dot}
     wu_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "DOT_F32": False}
+
+    def rec(pass_: int) -> tuple[dict, dict]:
+        # The checkpoint arguments a launch passes as None (all of them without checkpoints and in pass 1, the
+        # indices in mode 1) are constexprs, as the JIT specialises them (triton_path.TritonProgram).
+        mode = checkpoint if pass_ != 1 else 0
+        none = [n for n in CKPT_ARGS if mode == 0 or (mode == 1 and n == "ckpt_idx")]
+        return ({**sig["kda_recurrence"], **dict.fromkeys(none, "constexpr")},
+                {"STATE_IN": state_mode, "STATE_OUT": state_mode, "PASS": pass_, "DOT_F32": False,
+                 "CHECKPOINT": mode, **dict.fromkeys(none)})
+
     # The recurrence's passes: 0 the plain walk, 1 the group operators, 2 the walk from scanned start states
     # (runtime/group_scan.py).
     return {"kda_prologue": ("kda_prologue", sig["kda_prologue"], pro_const),
             "kda_wu": ("kda_wu", sig["kda_wu"], wu_const),
-            **{name: ("kda_recurrence", sig["kda_recurrence"],
-                      {"STATE_IN": state_mode, "STATE_OUT": state_mode, "PASS": p, "DOT_F32": False})
+            **{name: ("kda_recurrence", *rec(p))
                for name, p in (("kda_recurrence", 0), ("kda_recurrence_p1", 1), ("kda_recurrence_p2", 2))},
             "kda_group_scan": ("kda_group_scan", sig["kda_group_scan"], {"STATE_IN": state_mode, "FP32_DOT": fp32_dot})}
 
@@ -77,16 +88,17 @@ def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
 
 
 def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, diag_ref: int = 2,
-                    state_mode: int = 1, kernels: tuple[str, ...] | None = None,
+                    state_mode: int = 1, checkpoint: int = 0, kernels: tuple[str, ...] | None = None,
                     keep_asm: bool = False) -> list:
-    """One KernelReport per compiled kernel; with keep_asm, (report, PTX or AMDGCN text) pairs."""
+    """One KernelReport per compiled kernel; with keep_asm, (report, PTX or AMDGCN text) pairs.
+    checkpoint: the recurrence's CHECKPOINT mode (0 none, 1 row n, 2 indexed rows)."""
     from kdagen.runtime.triton_path import SCAN_ROWS
 
     t = TARGETS[target]
     tun = mod.TUNING[target]
     reports = []
     for name, (kernel, sig, const) in _signatures(mod, target, lower_bound=lower_bound, diag_ref=diag_ref,
-                                                  state_mode=state_mode).items():
+                                                  state_mode=state_mode, checkpoint=checkpoint).items():
         if kernels is not None and name not in kernels:
             continue
         const = dict(const)

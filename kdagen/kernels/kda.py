@@ -50,9 +50,12 @@ KDA_RECURRENCE = KernelABI("kda_recurrence", (
     f32("scale"),
     i32("so_t"), i32("so_h"), i32("sh0_n"), i32("sh0_h"), i32("sht_n"), i32("sht_h"),
     i32("H"), i32("n_slots"), i32("n_seq", specialize=False), i32("G", specialize=False),
+    # Checkpoints (None each without them, and in pass 1: the kernel then compiles as if they did not exist).
+    ptr("ckpt", "fp32", writes=True, doc="checkpoint_state [rows, H, V, K]"), ptr("ckpt_off", "i32"),
+    ptr("ckpt_idx", "i32"), i32("sck_n"), i32("n_ckpt_rows"),
     constexpr("BLOCK_V"), constexpr("STATE_IN", "0 zeros, 1 dense, 2 paged"),
     constexpr("STATE_OUT", "0 none, 1 dense, 2 paged"), constexpr("PASS", "0 plain walk, 1 and 2 the group split"),
-    constexpr("DOT_F32"),
+    constexpr("DOT_F32"), constexpr("CHECKPOINT", "0 none, 1 row n, 2 row ckpt_idx[n]"),
 ))
 
 KDA_GROUP_SCAN = KernelABI("kda_group_scan", (

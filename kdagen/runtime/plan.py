@@ -79,10 +79,6 @@ class KdaPrefillPlan:
             self.groups = groups  # None: fused_path picks from its own cost model
             self.workspace_bytes = 0
             return
-        if b.checkpoint_offsets is not None:
-            raise NotImplementedError(
-                f"{OP}: the prefill checkpoint export (checkpoint_offsets) needs the fused path, which did not "
-                "run for this call; the Triton path cannot write checkpoints")
         assert mod is not None
         self.tuning = tun = dict(tuning) if tuning is not None else tuning_for(mod, target)
         if (why := refused_config(target, tun)) is not None:
@@ -102,7 +98,8 @@ class KdaPrefillPlan:
             groups=self.groups, lower_bound=b.lower_bound, has_bias=b.has_g_bias, use_l2norm=b.use_qk_l2norm,
             cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co, state_ins=state_ins,
             state_out=2 if self._paged else int(b.output_final_state), state_indices=b.state_indices,
-            has_initial_state=b.has_initial_state, device=b.device)
+            has_initial_state=b.has_initial_state, device=b.device, checkpoint_offsets=b.checkpoint_offsets,
+            checkpoint_state_indices=b.checkpoint_state_indices)
 
     # ------------------------------------------------------------------------------------------- run
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,
@@ -126,14 +123,14 @@ class KdaPrefillPlan:
             return self._run_fused(q, k, v, raw_g, raw_beta, A_log, g_bias, float(scale), initial_state, out,
                                    state_cache, checkpoint_state)
         values, state_in, o, o_packed, final = self.bind(q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
-                                                         initial_state, out, state_cache, strides)
+                                                         initial_state, out, state_cache, strides, checkpoint_state)
         self.program.run(values, state_in)  # type: ignore[union-attr]
         if o_packed is not o:
             o.copy_(o_packed.view(o.shape))
         return o, final
 
     def bind(self, q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state, out, state_cache,
-             strides=None) -> tuple[list, int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+             strides=None, checkpoint_state=None) -> tuple[list, int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The Triton launches' per-run arguments for checked tensors, the recurrence's STATE_IN, the output,
         its packed view and the final state (allocated here). Tools time single kernels with it."""
         b, p = self.batch, self.problem
@@ -167,7 +164,9 @@ class KdaPrefillPlan:
                   A_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1), float(scale),
                   sq[1], sq[2], sk[1], sk[2], sv[1], sv[2], sg[1], sg[2], sb[1], sb[2],
                   o_packed, so[1], so[2], h0 if h0 is not None else spare, ht if ht is not None else spare,
-                  sh0[0], sh0[1], sht[0], sht[1], n_slots]
+                  sh0[0], sh0[1], sht[0], sht[1], n_slots, checkpoint_state,
+                  checkpoint_state.stride(0) if checkpoint_state is not None else None,
+                  checkpoint_state.shape[0] if checkpoint_state is not None else None]
         return values, state_in, o, o_packed, final
 
     def _fast_ok(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,

@@ -89,7 +89,7 @@ def fp32_dot(target: str) -> str:
 # The per-run values every launch reads (plan.bind builds them in this order; kdagen/kernels/kda.py names them).
 RUN_ORDER = ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t",
              "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n",
-             "sht_h", "n_slots")
+             "sht_h", "n_slots", "ckpt", "sck_n", "n_ckpt_rows")
 
 
 def workspace_layout(mod: ModuleType, T: int, H: int, n_chunks: int, N: int, groups: int,
@@ -124,7 +124,8 @@ class TritonProgram:
                  use_l2norm: bool, cu_seqlens: torch.Tensor, chunk_indices: torch.Tensor,
                  chunk_offsets: torch.Tensor, state_ins: tuple[int, ...], state_out: int,
                  state_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
-                 device: torch.device):
+                 device: torch.device, checkpoint_offsets: torch.Tensor | None = None,
+                 checkpoint_state_indices: torch.Tensor | None = None):
         tun = tuning
         self.groups = groups = check_groups(groups, OP)
         # Note [Compiled launch]: NVIDIA GPUs only; the interpreter has no compiled kernels.
@@ -164,15 +165,23 @@ class TritonProgram:
                                cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, group_op=group_op,
                                group_in=group_in, H=H, n_seq=N, G=groups)
 
+            # Checkpoints (passes 0 and 2): mode 1 writes row n, mode 2 row checkpoint_state_indices[n]; the
+            # arguments a mode does not read are None, so Triton compiles them away.
+            ck_mode = 0 if checkpoint_offsets is None else 1 if checkpoint_state_indices is None else 2
+            no_ck = dict(ckpt=None, ckpt_off=None, ckpt_idx=None, sck_n=None, n_ckpt_rows=None)
+
             def walk(pass_: int, rows: int, grid_groups: int, block: int, state_in: int) -> KernelLaunch:
                 grid = (N * H, triton.cdiv(rows, block), grid_groups)
+                mode = ck_mode if pass_ != 1 else 0
+                ck = no_ck if mode == 0 else dict(ckpt_off=checkpoint_offsets,
+                                                  ckpt_idx=checkpoint_state_indices if mode == 2 else None)
                 return KernelLaunch(
                     mod, KDA_RECURRENCE, grid,
                     constexprs=dict(BLOCK_V=block, STATE_IN=state_in, STATE_OUT=state_out, PASS=pass_,
-                                    DOT_F32=dot_f32),
+                                    DOT_F32=dot_f32, CHECKPOINT=mode),
                     options=dict(num_warps=tun["recurrence_warps"],
                                  num_stages=recurrence_stages(tun, grid[0] * grid[1] * grid[2], sms)),
-                    static=walk_static, run_order=RUN_ORDER, direct=direct)
+                    static={**walk_static, **ck}, run_order=RUN_ORDER, direct=direct)
 
             for state_in in state_ins:
                 if groups == 1:

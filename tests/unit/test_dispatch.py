@@ -54,12 +54,23 @@ def test_no_fused_path_without_a_gpu():
     assert not kdagen_kernels.can_use_fused_kda_chunk(96, 96, torch.float32, 48)
 
 
-def test_checkpoint_export_on_the_triton_path_is_refused():
-    args = _args()
-    with pytest.raises(NotImplementedError, match="checkpoint"):
-        kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True,
-                                         checkpoint_state=torch.zeros(2, 2, 128, 128),
-                                         checkpoint_offsets=torch.tensor([0, 0], dtype=torch.int32))
+def test_checkpoint_export_runs_on_the_triton_path(monkeypatch):
+    # The Triton path writes checkpoints (tests/interp/test_checkpoints.py): a call whose fused path cannot run
+    # (CPU tensors) hands them to the walk: checkpoint_state per run, offsets and rows fixed in the plan.
+    from kdagen.runtime import triton_path
+
+    runs = []
+    monkeypatch.setattr(triton_path.TritonProgram, "run",
+                        lambda self, values, state_in: runs.append((self, dict(zip(triton_path.RUN_ORDER, values)))))
+    ck = torch.full((3, 2, 128, 128), float("nan"))
+    off = torch.tensor([0, 0], dtype=torch.int32)
+    rows = torch.tensor([2, -1], dtype=torch.int32)
+    kdagen_kernels.chunk_kda_prefill(**_args(), use_fused_chunk=True, checkpoint_state=ck, checkpoint_offsets=off,
+                                     checkpoint_state_indices=rows)
+    program, values = runs[0]
+    assert (values["ckpt"], values["sck_n"], values["n_ckpt_rows"]) == (ck, ck.stride(0), 3)
+    (walk,) = program.walks[1]
+    assert walk.constexprs["CHECKPOINT"] == 2
 
 
 def test_checkpoint_state_without_offsets_is_refused():

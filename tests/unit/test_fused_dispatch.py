@@ -10,6 +10,7 @@ no-compiler fallback, which really runs the Triton path in the interpreter.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -298,26 +299,44 @@ def test_misaligned_checkpoint_offsets_are_refused_before_building(on_sm90, monk
     ({"g_bias": None}, "no g_bias"),
     ({"use_fused_chunk": False}, "use_fused_chunk is False"),
 ], ids=lambda x: None)
-def test_a_missing_precondition_keeps_the_triton_path(on_sm90, monkeypatch, change, why):
-    # Checkpoints show which path was taken without running a kernel: the Triton path refuses them.
+def test_a_missing_precondition_keeps_the_triton_path(on_sm90, monkeypatch, caplog, change, why):
+    # A recorder in place of the Triton path's launches shows which path ran without running a kernel; the
+    # checkpoints go to the Triton walk, and the debug log names the missing precondition.
     rec = _fake(monkeypatch)
+    triton_runs = _fake_triton(monkeypatch)
     args = _args((6, 6))
     if "cu_seqlens" in change:  # B = 2 sequences of 6 tokens, unpacked
         args = {n: (t.reshape(2, 6, *t.shape[2:]) if n in ("q", "k", "v", "raw_g", "raw_beta") else t)
                 for n, t in args.items()}
     args = {**args, "use_fused_chunk": True, **change}
-    with pytest.raises(NotImplementedError, match=re.escape(why)):
-        kdagen_kernels.chunk_kda_prefill(**args, checkpoint_state=torch.zeros(2, H, 128, 128),
-                                         checkpoint_offsets=torch.zeros(2, dtype=torch.int32))
+    ck = torch.zeros(2, H, 128, 128)
+    with caplog.at_level(logging.DEBUG, logger="kdagen"):
+        kdagen_kernels.chunk_kda_prefill(**args, checkpoint_state=ck, checkpoint_offsets=torch.zeros(2, dtype=torch.int32))
     assert rec.loads == [] and rec.runs == []
+    assert len(triton_runs) == 1 and triton_runs[0]["ckpt"] is ck
+    if args["use_fused_chunk"]:
+        assert why in caplog.text
 
 
-def test_cpu_tensors_never_take_the_fused_path(monkeypatch):
+def test_cpu_tensors_never_take_the_fused_path(monkeypatch, caplog, set_interpreting):
     rec = _fake(monkeypatch)  # no fused_target patch: these are CPU tensors in the interpreter
-    with pytest.raises(NotImplementedError, match=re.escape("no GPU target")):
+    set_interpreting(True)
+    triton_runs = _fake_triton(monkeypatch)
+    with caplog.at_level(logging.DEBUG, logger="kdagen"):
         kdagen_kernels.chunk_kda_prefill(**_args(), use_fused_chunk=True, checkpoint_state=torch.zeros(2, H, 128, 128),
                                          checkpoint_offsets=torch.zeros(2, dtype=torch.int32))
-    assert rec.loads == []
+    assert rec.loads == [] and len(triton_runs) == 1
+    assert "no GPU target" in caplog.text
+
+
+def _fake_triton(monkeypatch) -> list[dict]:
+    """Records each Triton-path run's per-run values by name (triton_path.RUN_ORDER) instead of launching."""
+    from kdagen.runtime import triton_path
+
+    runs: list[dict] = []
+    monkeypatch.setattr(triton_path.TritonProgram, "run",
+                        lambda self, values, state_in: runs.append(dict(zip(triton_path.RUN_ORDER, values))))
+    return runs
 
 
 # ---- no compiler, compile errors ------------------------------------------------------------------
@@ -344,25 +363,20 @@ def test_no_compiler_warns_once_and_runs_triton(on_sm90, monkeypatch):
         assert torch.equal(o, expect) and torch.equal(s, expect_state)
 
 
-def test_checkpoints_without_the_compiler_are_an_error_that_writes_nothing(on_sm90, monkeypatch):
+def test_checkpoints_without_the_compiler_run_the_triton_path(on_sm90, monkeypatch):
+    # The Triton path writes checkpoints too, so a missing compiler is a warning and a fallback, as without them.
     rec = _fake(monkeypatch, jit_hip.CompilerNotFoundError(NO_NVCC))
+    triton_runs = _fake_triton(monkeypatch)
     args = _small(h0=False)
     args["output_final_state"] = False
-    out = torch.full_like(args["v"], 7.0)
-    ck = torch.full((2, H, 64, 64), 3.0)
+    ck = torch.full((2, H, 64, 64), float("nan"))
     cache = torch.randn(3, H, 64, 64)
-    cache_before = cache.clone()
-    for _ in range(2):  # the first discovery and a later call both refuse
-        with pytest.raises(jit_hip.CompilerNotFoundError) as info:
-            dispatch.chunk_kda_prefill(
-                SMALL_REGISTRY, **args, out=out, use_fused_chunk=True, checkpoint_state=ck,
-                checkpoint_offsets=torch.zeros(2, dtype=torch.int32), state_cache=cache,
-                state_indices=torch.tensor([0, 2], dtype=torch.int32), has_initial_state=torch.tensor([True, False]))
-        msg = str(info.value)
-        assert "checkpoint_offsets asks for a checkpoint export, which only the fused path writes" in msg
-        assert NO_NVCC in msg and "call without checkpoint_state/checkpoint_offsets" in msg
-    assert rec.runs == []
-    assert bool((out == 7.0).all()) and bool((ck == 3.0).all()) and torch.equal(cache, cache_before)
+    with pytest.warns(RuntimeWarning, match="Running the Triton path instead"):
+        dispatch.chunk_kda_prefill(
+            SMALL_REGISTRY, **args, use_fused_chunk=True, checkpoint_state=ck,
+            checkpoint_offsets=torch.zeros(2, dtype=torch.int32), state_cache=cache,
+            state_indices=torch.tensor([0, 2], dtype=torch.int32), has_initial_state=torch.tensor([True, False]))
+    assert rec.runs == [] and len(triton_runs) == 1 and triton_runs[0]["ckpt"] is ck
 
 
 def test_a_compile_error_propagates(on_sm90, monkeypatch):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import kdagen
+from kdagen.kernels import hip as hip_kernels
 from kdagen.kernels import kda as kda_kernels
 from kdagen.kernels import metadata as metadata_kernels
 from kdagen.render.env import RenderError, torch_dtype, triton_dtype
@@ -91,7 +92,9 @@ def hip_context(v: VariantSpec, target: str, stamp: str) -> dict[str, Any]:
         "BVS": TARGETS[target].hip_v_slice,
         "BVS_FMA": HIP_FMA_V_SLICE,
         "THREADS": HIP_THREADS,
-        "abi": HIP_ABI,
+        "abi_version": HIP_ABI,
+        "abi": hip_kernels.LAUNCHERS,
+        "c_packing": hip_kernels.c_packing,
         "stamp": stamp,
         "kdagen_version": kdagen.__version__,
     }

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from kdagen.render import render_all
 from kdagen.render.context import HIP_INCLUDE_DIR, HIP_TEMPLATE
+from kdagen.kernels.hip import LAUNCHERS
 from kdagen.spec import load_specs
+from kdagen.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
 HIP_VARIANTS = sorted((v for s in load_specs(ROOT / "specs", ROOT) for v in s.variants if v.backend == "hip"),
@@ -30,7 +32,12 @@ def test_one_source_per_variant_and_target_and_verbatim_headers():
             m = STAMP_RE.fullmatch(text.split("\n", 1)[0])
             assert m and m[2] == HIP_TEMPLATE[0], text.split("\n", 1)[0]
             assert f"constexpr int K = {v.head_dim_k};" in text and f"constexpr int V = {v.head_dim_v};" in text
-            assert '#include "kda_port.h"' in text
+            assert f"#define KDA_MMA_LAYER_DEFAULT {TARGETS[target].hip_mma_layer}\n" in text
+            assert '#include "kda_port.h"' in text and '#include "kda_launch.h"' in text
+            # The instantiation holds no kernel code: that is in the verbatim headers.
+            assert "__global__" not in text and len(text.splitlines()) < 200
+            for abi in LAUNCHERS.values():  # the launchers' parameter lists are the declarations'
+                assert f"int {abi.name}(\n    {abi.c_params()}) {{" in text
     for header in (ROOT / "templates" / HIP_INCLUDE_DIR).iterdir():
         text = out[f"{HIP_INCLUDE_DIR}/{header.name}"]
         first, body = text.split("\n", 1)

@@ -23,6 +23,10 @@ class Target:
     warp_size: int
     smem_per_block: int  # bytes a single block/workgroup may use
     hip_v_slice: int  # V rows per fused recurrence block (multiple of 16; bounded by the block's LDS)
+    # The fused kernels' matrix layer (templates/hip/include/kda_mma.h KDA_MMA_LAYER: 0 FMA fallback,
+    # 1 sm_90 mma.sync, 2 gfx942 MFMA, 3 gfx950 MFMA) and its instruction, for the generated comments.
+    hip_mma_layer: int
+    hip_mma_insn: str
     # tl.dot input_precision for products that must keep fp32 accuracy (the group scan, the inverse's
     # off-diagonal blocks): NVIDIA's fp32 "ieee" dot runs on FMA units and spills; tf32x3 runs on the
     # tensor cores. CDNA has fp32 MFMA.
@@ -78,14 +82,17 @@ TARGETS: dict[str, Target] = {
     "gfx942": Target(
         name="gfx942", vendor="amd", triton_backend="hip", triton_arch="gfx942", warp_size=64,
         smem_per_block=64 * 1024, hip_v_slice=32, triton_fp32_dot="ieee",
+        hip_mma_layer=2, hip_mma_insn="v_mfma_f32_16x16x16_bf16, wave 64",
     ),
     "gfx950": Target(
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
         smem_per_block=160 * 1024, hip_v_slice=64, triton_fp32_dot="ieee",
+        hip_mma_layer=3, hip_mma_insn="v_mfma_f32_16x16x32_bf16, wave 64",
     ),
     "sm_90": Target(
         name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
         smem_per_block=227 * 1024, hip_v_slice=64, triton_fp32_dot="tf32x3", triton_refused=(_SM90_WGMMA_BV32,),
+        hip_mma_layer=1, hip_mma_insn="mma.sync m16n8k16 bf16, warp 32",
     ),
 }
 

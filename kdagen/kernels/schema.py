@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-ParamKind = Literal["ptr", "int", "float", "constexpr"]
+ParamKind = Literal["ptr", "int", "float", "constexpr", "stream"]
 
 # Element types a pointer can have, in Triton's AOT spelling; "io" is the variant's I/O dtype (bf16 / fp16).
 PTR_DTYPES = ("io", "fp32", "i32", "i64", "i1", "u8")
@@ -34,7 +34,8 @@ class Param:
     """One kernel parameter.
 
     kind: "ptr" (a tensor, `dtype` its element type, `writes` whether the kernel stores through it),
-    "int" (`dtype` i32 or i64), "float" (fp32) or "constexpr" (a Triton compile-time constant).
+    "int" (`dtype` i32 or i64), "float" (fp32), "constexpr" (a Triton compile-time constant) or "stream"
+    (a C launcher's cudaStream_t / hipStream_t, passed as `void*`).
     """
 
     name: str
@@ -46,7 +47,7 @@ class Param:
 
     def __post_init__(self) -> None:
         ok = {"ptr": self.dtype in PTR_DTYPES, "int": self.dtype in INT_TYPES, "float": self.dtype == "fp32",
-              "constexpr": self.dtype == ""}.get(self.kind, False)
+              "constexpr": self.dtype == "", "stream": self.dtype == ""}.get(self.kind, False)
         if not ok or not self.name.isidentifier():
             raise ValueError(f"bad kernel parameter {self!r}")
 
@@ -163,6 +164,8 @@ class KernelABI:
                 c = f"{'' if p.writes else 'const '}{C_PTR_TYPES[p.dtype]}* {p.name}"
             elif p.kind == "int":
                 c = f"{INT_TYPES[p.dtype][0]} {p.name}"
+            elif p.kind == "stream":
+                c = f"void* {p.name}"
             else:
                 c = f"float {p.name}"
             out.append(c)
@@ -171,7 +174,7 @@ class KernelABI:
     def ctypes_types(self) -> list[type]:
         types: list[type] = []
         for p in self.params:
-            if p.kind == "ptr":
+            if p.kind in ("ptr", "stream"):
                 types.append(ctypes.c_void_p)
             elif p.kind == "int":
                 types.append(INT_TYPES[p.dtype][1])

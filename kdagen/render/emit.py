@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import kdagen
-from kdagen.render.context import plan
+from kdagen.render.context import RenderJob, plan
 from kdagen.render.env import RenderError, loaded_templates, make_env, render_template
 from kdagen.spec.load import load_specs
 from kdagen.spec.model import OpSpec
@@ -118,24 +118,30 @@ def _build(root: Path) -> FileManager:
     specs = load_specs(root / "specs", root)
     env = make_env(root)
     fm = FileManager()
-    for job in plan(root, specs):
+    jobs = plan(root, specs)
+    for job in jobs:
         text = _normalise(render_template(env, job.template, job.context, job.output))
         if GENERATED_MARK not in text.split("\n", 1)[0]:
             raise RenderError(f"templates/{job.template}: the first line of {job.output} must be "
                               "`{{ stamp }}` (every generated file starts with an @generated stamp)")
-        fm.add(job.output, text, f"templates/{job.template} for {', '.join(job.specs)}")
-    fm.add(MANIFEST, _manifest(root, specs, loaded_templates(env), fm.files()), "the manifest")
+        fm.add(job.output, text, f"templates/{job.template} for {', '.join(job.specs) or 'no spec'}")
+    templates = sorted(set(loaded_templates(env)).union(*(job.inputs for job in jobs)))
+    fm.add(MANIFEST, _manifest(root, specs, templates, jobs, fm.files()), "the manifest")
     return fm
 
 
-def _manifest(root: Path, specs: Sequence[OpSpec], templates: list[str], files: Mapping[str, str]) -> str:
-    """What produced generated/: kdagen version and the sha256 of every input and output."""
+def _manifest(root: Path, specs: Sequence[OpSpec], templates: list[str], jobs: Sequence[RenderJob],
+              files: Mapping[str, str]) -> str:
+    """What produced generated/: kdagen version, the sha256 of every input and output, and per output
+    the template files its stamp covers and the stamp's hash (render/context.py stamp_digest)."""
     data = {
         GENERATED_MARK: f"by kdagen {kdagen.__version__} - DO NOT EDIT; `nox -s generate` rewrites it",
         "kdagen_version": kdagen.__version__,
         "specs": {s.path: s.sha256 for s in specs},
         "templates": {f"templates/{t}": _sha((root / "templates" / t).read_bytes()) for t in templates},
         "outputs": {rel: _sha(text.encode("utf-8")) for rel, text in files.items()},
+        "inputs": {job.output: {"stamp": job.digest, "templates": [f"templates/{t}" for t in job.inputs]}
+                   for job in sorted(jobs, key=lambda j: j.output)},
     }
     return json.dumps(data, sort_keys=True, indent=1) + "\n"
 

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Launches of the fused HIP path (templates/hip/kda_chunk.hip.j2): workspace, argument packing, stream.
+"""Launches of the fused HIP path (templates/hip/): workspace, the launchers' arguments by name
+(kdagen/kernels/hip.py), stream.
 
 Not wired into dispatch.py yet: the dispatcher will call `load_fused` + `run_fused` once the H200 has
 proven the path (tools/h200_fused_check.py). The caller checks the seed's contract first
@@ -172,24 +173,34 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         if groups > 1 else None
     stream = torch.cuda.current_stream(dev).cuda_stream
 
+    def stride0(t: torch.Tensor | None) -> int:
+        return t.stride(0) if t is not None else 0
+
     with torch.cuda.device(dev):
         if n_chunks > 0:
-            lib.prologue(
-                q.data_ptr(), k.data_ptr(), v.data_ptr(), raw_g.data_ptr(), raw_beta.data_ptr(),
-                A_log.data_ptr(), _ptr(g_bias), cu.data_ptr(), ci.data_ptr(),
-                qg.data_ptr(), w.data_ptr(), kg.data_ptr(), u.data_ptr(), aqk.data_ptr(), decay.data_ptr(),
-                q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-                raw_g.stride(1), raw_g.stride(2), raw_beta.stride(1), raw_beta.stride(2),
-                n_chunks, H, float(scale), float(lower_bound) if lower_bound is not None else 0.0,
-                1 if lower_bound is not None else 0, 1 if use_qk_l2norm else 0, stream)
+            lib.prologue(dict(
+                q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=raw_g.data_ptr(), beta=raw_beta.data_ptr(),
+                A_log=A_log.data_ptr(), g_bias=_ptr(g_bias), cu_seqlens=cu.data_ptr(), chunk_indices=ci.data_ptr(),
+                qg=qg.data_ptr(), w=w.data_ptr(), kg=kg.data_ptr(), u=u.data_ptr(), aqk=aqk.data_ptr(),
+                decay=decay.data_ptr(),
+                sq_t=q.stride(1), sq_h=q.stride(2), sk_t=k.stride(1), sk_h=k.stride(2), sv_t=v.stride(1),
+                sv_h=v.stride(2), sg_t=raw_g.stride(1), sg_h=raw_g.stride(2), sb_t=raw_beta.stride(1),
+                sb_h=raw_beta.stride(2),
+                num_chunks=n_chunks, H=H, scale=float(scale),
+                lower_bound=float(lower_bound) if lower_bound is not None else 0.0,
+                lower_bound_gate=1 if lower_bound is not None else 0, use_l2norm=1 if use_qk_l2norm else 0,
+                stream=stream))
         if N > 0:
-            lib.recurrence(
-                qg.data_ptr(), w.data_ptr(), kg.data_ptr(), u.data_ptr(), aqk.data_ptr(), decay.data_ptr(),
-                out.data_ptr(), out.stride(1), out.stride(2), cu.data_ptr(), co.data_ptr(),
-                _ptr(initial_state), initial_state.stride(0) if initial_state is not None else 0,
-                _ptr(final_state), final_state.stride(0) if final_state is not None else 0,
-                _ptr(state_cache), state_cache.stride(0) if state_cache is not None else 0,
-                state_cache.shape[0] if state_cache is not None else 0, _ptr(idx), _ptr(flags),
-                _ptr(checkpoint_state), checkpoint_state.stride(0) if checkpoint_state is not None else 0,
-                checkpoint_state.shape[0] if checkpoint_state is not None else 0, _ptr(ck_off), _ptr(ck_idx),
-                N, H, float(scale), groups, _ptr(gws), stream)
+            lib.recurrence(dict(
+                qg=qg.data_ptr(), w=w.data_ptr(), kg=kg.data_ptr(), u=u.data_ptr(), aqk=aqk.data_ptr(),
+                decay=decay.data_ptr(), out=out.data_ptr(), so_t=out.stride(1), so_h=out.stride(2),
+                cu_seqlens=cu.data_ptr(), chunk_offsets=co.data_ptr(),
+                h0=_ptr(initial_state), sh0_n=stride0(initial_state),
+                ht=_ptr(final_state), sht_n=stride0(final_state),
+                cache=_ptr(state_cache), sc_n=stride0(state_cache),
+                n_slots=state_cache.shape[0] if state_cache is not None else 0,
+                cache_idx=_ptr(idx), has_init=_ptr(flags),
+                ckpt=_ptr(checkpoint_state), sck_n=stride0(checkpoint_state),
+                n_ckpt_rows=checkpoint_state.shape[0] if checkpoint_state is not None else 0,
+                ckpt_off=_ptr(ck_off), ckpt_idx=_ptr(ck_idx),
+                num_seqs=N, H=H, scale=float(scale), groups=groups, group_ws=_ptr(gws), stream=stream))

@@ -21,10 +21,12 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import kdagen
+from kdagen.kernels.hip import KDA_PROLOGUE_LAUNCH, KDA_RECURRENCE_LAUNCH, QUERIES
 from kdagen.targets import HIP_ABI, vendor_of
 
 from . import cache
@@ -174,17 +176,6 @@ def build_library(source_path: Path, target: str, *, variant: str | None = None,
 
 # ---------------------------------------------------------------------------------------------- loading
 
-_P = ctypes.c_void_p
-_I64 = ctypes.c_int64
-_I32 = ctypes.c_int32
-_F32 = ctypes.c_float
-
-# extern "C" signatures of templates/hip/kda_chunk.hip.j2 (ABI = kdagen.targets.HIP_ABI).
-PROLOGUE_ARGTYPES = [_P] * 15 + [_I64] * 10 + [_I64, _I32, _F32, _F32, _I32, _I32, _P]
-RECURRENCE_ARGTYPES = ([_P] * 7 + [_I64, _I64, _P, _P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _P, _P, _I64,
-                                   _I64, _P, _P, _I64, _I32, _F32, _I32, _P, _P])
-
-
 class TargetMismatchError(RuntimeError):
     """A library built for one target was asked to run on another (a stale or copied cache entry)."""
 
@@ -198,29 +189,23 @@ class HipLibrary:
         self.target = target
         self._lib = ctypes.CDLL(str(path))
         lib = self._lib
-        lib.kda_abi_version.restype = ctypes.c_int
+        for fn, restype in QUERIES.items():
+            getattr(lib, fn).restype = restype
         self.abi = lib.kda_abi_version()
         if self.abi != HIP_ABI:
             raise RuntimeError(f"kdagen: {path} has launcher ABI {self.abi}, this kdagen expects {HIP_ABI}; "
                                "regenerate (`nox -s generate`) so the source and kdagen agree")
-        lib.kda_target.restype = ctypes.c_char_p
         built_for = lib.kda_target().decode()
         if built_for != target:
             raise TargetMismatchError(
                 f"kdagen: {path} was built for {built_for}, not {target}; refusing to launch it. Remove the "
                 f"cache entry ({Path(path).parent}) or set KDAGEN_TARGET to the device's real target")
-        lib.kda_v_slice.restype = ctypes.c_int
-        lib.kda_recurrence_blocks_per_sm.restype = ctypes.c_int
         lib.kda_error_string.restype = ctypes.c_char_p
         lib.kda_error_string.argtypes = [ctypes.c_int]
-        lib.kda_prologue_smem_bytes.restype = ctypes.c_int
-        lib.kda_recurrence_smem_bytes.restype = ctypes.c_int
-        lib.kda_prologue_launch.argtypes = PROLOGUE_ARGTYPES
-        lib.kda_prologue_launch.restype = ctypes.c_int
-        lib.kda_recurrence_launch.argtypes = RECURRENCE_ARGTYPES
-        lib.kda_recurrence_launch.restype = ctypes.c_int
-        for fn in ("kda_head_dim_k", "kda_head_dim_v", "kda_chunk_size"):
-            getattr(lib, fn).restype = ctypes.c_int
+        for abi in (KDA_PROLOGUE_LAUNCH, KDA_RECURRENCE_LAUNCH):
+            fn = getattr(lib, abi.name)
+            fn.argtypes = abi.ctypes_types()
+            fn.restype = ctypes.c_int
         self.head_dim_k = lib.kda_head_dim_k()
         self.head_dim_v = lib.kda_head_dim_v()
         self.chunk_size = lib.kda_chunk_size()
@@ -241,11 +226,13 @@ class HipLibrary:
             msg = self._lib.kda_error_string(code).decode(errors="replace")
             raise RuntimeError(f"kdagen: {what} launch of {self.name} ({self.target}) failed: {msg} (code {code})")
 
-    def prologue(self, *args) -> None:
-        self.check(self._lib.kda_prologue_launch(*args), "prologue")
+    def prologue(self, args: Mapping[str, object]) -> None:
+        """kda_prologue_launch with its arguments by name (kdagen/kernels/hip.py)."""
+        self.check(self._lib.kda_prologue_launch(*KDA_PROLOGUE_LAUNCH.bind(args)), "prologue")
 
-    def recurrence(self, *args) -> None:
-        self.check(self._lib.kda_recurrence_launch(*args), "recurrence")
+    def recurrence(self, args: Mapping[str, object]) -> None:
+        """kda_recurrence_launch with its arguments by name (kdagen/kernels/hip.py)."""
+        self.check(self._lib.kda_recurrence_launch(*KDA_RECURRENCE_LAUNCH.bind(args)), "recurrence")
 
     def smem_bytes(self) -> tuple[int, int]:
         return self._lib.kda_prologue_smem_bytes(), self._lib.kda_recurrence_smem_bytes()

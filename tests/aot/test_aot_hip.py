@@ -177,5 +177,6 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     for name, stack, st, ld, regs in blocks:
         assert int(st) == 0 and int(ld) == 0, f"{name}: spills on {target}"
     # Dynamic shared memory on CUDA: the launcher sets the attribute to sizeof(the Smem struct).
-    structs = re.findall(r"struct (?:alignas\(\d+\) )?(\w+Smem) \{(.*?)\n\};", src.read_text(), re.S)
+    kernels = "".join(h.read_text() for h in sorted((HIP_DIR / "include").glob("*.h")))  # the kernels' headers
+    structs = re.findall(r"struct (?:alignas\(\d+\) )?(\w+Smem) \{(.*?)\n\};", kernels, re.S)
     assert {s for s, _ in structs} == {"PrologueSmem", "RecurrenceSmem", "ScanSmem"}

@@ -11,7 +11,10 @@ fallback, sm_90 source), `sm90_mma` (sm_90 source, mma.sync m16n8k16 fragments, 
 The layer's own fragment index math runs (in both kernels: the prologue's Aqk/Akk off-diagonal blocks and
 w/u, the recurrence's four products); the instructions are the emulation header's wave models, written
 from the PTX / CDNA ISA element -> lane maps. test_mma_layer_tile checks one tile product of each layer
-exactly against an fp32 product of the same bf16 operands."""
+exactly against an fp32 product of the same bf16 operands.
+
+The tests call the generated extern "C" launchers themselves (the emulation header runs each kernel launch
+on the CPU), loaded by jit_hip.HipLibrary: argtypes from kdagen/kernels/hip.py, arguments bound by name."""
 
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ import pytest
 import torch
 
 from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+from kdagen.runtime.jit_hip import HipLibrary
 from kdagen.runtime.metadata import prepare_chunk_indices, prepare_chunk_offsets
+from kdagen.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU = Path(__file__).resolve().parent / "hip_emulation"
@@ -33,29 +38,12 @@ CXX = shutil.which("g++")
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="g++ (C++20) not found")
 
-P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+# layer id -> (KDA_MMA_LAYER, target whose generated source is built): the FMA fallback, then each target's own.
+LAYERS = {"fma": (0, "sm_90"), **{name: (TARGETS[t].hip_mma_layer, t) for name, t in
+                                  (("sm90_mma", "sm_90"), ("gfx942_mfma", "gfx942"), ("gfx950_mfma", "gfx950"))}}
 
 
-class PrologueArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("q", "k", "v", "g", "beta", "A_log", "g_bias", "cu", "ci",
-                                 "qg", "w", "kg", "u", "aqk", "decay")] + \
-               [(n, I64) for n in ("sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t", "sg_h", "sb_t", "sb_h")] + \
-               [("H", I32), ("scale", F32), ("lower_bound", F32), ("lb_gate", I32), ("l2", I32)]
-
-
-class RecurrenceArgs(ctypes.Structure):
-    _fields_ = [(n, P) for n in ("qg", "w", "kg", "u", "aqk", "decay", "out")] + [("so_t", I64), ("so_h", I64)] + \
-               [("cu", P), ("co", P), ("h0", P), ("sh0_n", I64), ("ht", P), ("sht_n", I64), ("cache", P),
-                ("sc_n", I64), ("n_slots", I64), ("cache_idx", P), ("has_init", P), ("ckpt", P), ("sck_n", I64),
-                ("n_ck", I64), ("ck_off", P), ("ck_idx", P), ("num_seqs", I64), ("H", I32), ("scale", F32),
-                ("groups", I32), ("pass_", I32), ("gop", P), ("gin", P)]
-
-
-# layer id -> (KDA_MMA_LAYER, target whose generated source is built)
-LAYERS = {"fma": (0, "sm_90"), "sm90_mma": (1, "sm_90"), "gfx942_mfma": (2, "gfx942"), "gfx950_mfma": (3, "gfx950")}
-
-
-def _build(K, V, layer, tmp_path_factory):
+def _so(K, V, layer, tmp_path_factory) -> tuple[Path, str]:
     num, target = LAYERS[layer]
     src = HIP / f"kda_chunk_fwd__hip__bf16__k{K}_v{V}_c64__{target}.hip"
     so = tmp_path_factory.mktemp(f"emu_{layer}") / "emu.so"
@@ -63,23 +51,29 @@ def _build(K, V, layer, tmp_path_factory):
                         f"-DKDA_MMA_LAYER={num}", f'-DKDA_SOURCE="{src}"', "-o", str(so), str(EMU / "driver.cpp")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    return ctypes.CDLL(str(so))
+    return so, target
+
+
+def _build(K, V, layer, tmp_path_factory) -> HipLibrary:
+    so, target = _so(K, V, layer, tmp_path_factory)
+    lib = HipLibrary(so, f"emulated {layer}", target)
+    assert (lib.head_dim_k, lib.head_dim_v, lib.chunk_size) == (K, V, 64)
+    return lib
 
 
 @pytest.fixture(scope="module", params=[(128, 256, layer) for layer in LAYERS],
                 ids=lambda p: f"k{p[0]}_v{p[1]}-{p[2]}")
 def emu(request, tmp_path_factory):
     K, V, layer = request.param
-    lib = _build(K, V, layer, tmp_path_factory)
-    lib.emu_sizes.restype = ctypes.c_int
-    assert lib.emu_sizes(0) == ctypes.sizeof(PrologueArgs) and lib.emu_sizes(1) == ctypes.sizeof(RecurrenceArgs)
-    lib.emu_prologue.argtypes = [ctypes.POINTER(PrologueArgs), I64]
-    lib.emu_recurrence.argtypes = [ctypes.POINTER(RecurrenceArgs), I64]
-    return lib, K, V
+    return _build(K, V, layer, tmp_path_factory), K, V
 
 
-def _bits(t: torch.Tensor) -> int:
-    return t.data_ptr()
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+def _stride0(t: torch.Tensor | None) -> int:
+    return t.stride(0) if t is not None else 0
 
 
 def group_workspace(groups: int, N: int, H: int, K: int, V: int) -> torch.Tensor:
@@ -87,40 +81,46 @@ def group_workspace(groups: int, N: int, H: int, K: int, V: int) -> torch.Tensor
     return torch.full(((groups - 1) * N * H * (V + K) * K + groups * N * H * V * K,), float("nan"))
 
 
+def _prologue(lib: HipLibrary, K, V, x, lower_bound):
+    """kda_prologue_launch into NaN-poisoned workspaces; returns them and the chunk indices."""
+    q, k, v, g, b = x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"]
+    T, H = q.shape[1], q.shape[2]
+    ci = prepare_chunk_indices(x["cu_seqlens"], 64).to(torch.int32).contiguous()
+    ws = {n: torch.full((T, H, d), float("nan"), dtype=torch.bfloat16)
+          for n, d in (("qg", K), ("w", K), ("kg", K), ("u", V), ("aqk", 64))}
+    ws["decay"] = torch.full((max(ci.shape[0], 1), H, K), float("nan"))
+    lib.prologue(dict(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(), beta=b.data_ptr(), A_log=x["A_log"].data_ptr(),
+        g_bias=x["g_bias"].data_ptr(), cu_seqlens=x["cu_seqlens"].data_ptr(), chunk_indices=ci.data_ptr(),
+        **{n: t.data_ptr() for n, t in ws.items()},
+        sq_t=q.stride(1), sq_h=q.stride(2), sk_t=k.stride(1), sk_h=k.stride(2), sv_t=v.stride(1), sv_h=v.stride(2),
+        sg_t=g.stride(1), sg_h=g.stride(2), sb_t=b.stride(1), sb_h=b.stride(2),
+        num_chunks=ci.shape[0], H=H, scale=K ** -0.5, lower_bound=lower_bound if lower_bound is not None else 0.0,
+        lower_bound_gate=int(lower_bound is not None), use_l2norm=1, stream=None))
+    return ws
+
+
 def run(emu, x, *, lower_bound, h0=None, ckpt=None, ck_off=None, groups=1, cache=None, cache_idx=None,
         has_init=None):
     lib, K, V = emu
-    q, k, v, g, b = x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"]
-    T, H = q.shape[1], q.shape[2]
+    T, H = x["q"].shape[1], x["q"].shape[2]
     cu = x["cu_seqlens"]
     N = cu.numel() - 1
-    ci = prepare_chunk_indices(cu, 64).to(torch.int32).contiguous()
     co = prepare_chunk_offsets(cu, 64).to(torch.int64).contiguous()
-    bf = torch.bfloat16
-    ws = {n: torch.full((T, H, d), float("nan"), dtype=bf) for n, d in (("qg", K), ("w", K), ("kg", K), ("u", V), ("aqk", 64))}
-    decay = torch.full((max(ci.shape[0], 1), H, K), float("nan"))
-    pa = PrologueArgs(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), b.data_ptr(), x["A_log"].data_ptr(),
-                      x["g_bias"].data_ptr(), cu.data_ptr(), ci.data_ptr(), *(ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")),
-                      decay.data_ptr(), q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-                      g.stride(1), g.stride(2), b.stride(1), b.stride(2), H, K ** -0.5,
-                      lower_bound if lower_bound is not None else 0.0, int(lower_bound is not None), 1)
-    lib.emu_prologue(ctypes.byref(pa), ci.shape[0])
-    out = torch.full((1, T, H, V), float("nan"), dtype=bf)
+    ws = _prologue(lib, K, V, x, lower_bound)
+    out = torch.full((1, T, H, V), float("nan"), dtype=torch.bfloat16)
     ht = torch.full((N, H, V, K), float("nan")) if cache is None else None
     gws = group_workspace(groups, N, H, K, V) if groups > 1 else None
     flags = has_init.to(torch.uint8).contiguous() if has_init is not None else None
     idx = cache_idx.to(torch.int32).contiguous() if cache_idx is not None else None
-    ra = RecurrenceArgs(*(ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")), decay.data_ptr(), out.data_ptr(),
-                        out.stride(1), out.stride(2), cu.data_ptr(), co.data_ptr(),
-                        h0.data_ptr() if h0 is not None else None, h0.stride(0) if h0 is not None else 0,
-                        ht.data_ptr() if ht is not None else None, ht.stride(0) if ht is not None else 0,
-                        cache.data_ptr() if cache is not None else None, cache.stride(0) if cache is not None else 0,
-                        cache.shape[0] if cache is not None else 0, idx.data_ptr() if idx is not None else None,
-                        flags.data_ptr() if flags is not None else None,
-                        ckpt.data_ptr() if ckpt is not None else None, ckpt.stride(0) if ckpt is not None else 0,
-                        ckpt.shape[0] if ckpt is not None else 0, ck_off.data_ptr() if ck_off is not None else None,
-                        None, N, H, K ** -0.5, groups, 0, gws.data_ptr() if gws is not None else None, None)
-    lib.emu_recurrence(ctypes.byref(ra), N)
+    lib.recurrence(dict(
+        **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
+        out=out.data_ptr(), so_t=out.stride(1), so_h=out.stride(2), cu_seqlens=cu.data_ptr(),
+        chunk_offsets=co.data_ptr(), h0=_ptr(h0), sh0_n=_stride0(h0), ht=_ptr(ht), sht_n=_stride0(ht),
+        cache=_ptr(cache), sc_n=_stride0(cache), n_slots=cache.shape[0] if cache is not None else 0,
+        cache_idx=_ptr(idx), has_init=_ptr(flags), ckpt=_ptr(ckpt), sck_n=_stride0(ckpt),
+        n_ckpt_rows=ckpt.shape[0] if ckpt is not None else 0, ckpt_off=_ptr(ck_off), ckpt_idx=None,
+        num_seqs=N, H=H, scale=K ** -0.5, groups=groups, group_ws=_ptr(gws), stream=None))
     return out, ht
 
 
@@ -210,7 +210,7 @@ def test_state_cache_in_place(emu, groups):
 def test_mma_layer_tile(layer, tmp_path_factory):
     """One 16 x 16 x 64 tile through the layer (loads, mma16, accumulator indices) must equal the fp32
     product of the same bf16 operands (products exact, fp32 sum in k order: the models' arithmetic)."""
-    lib = _build(128, 128, layer, tmp_path_factory)
+    lib = ctypes.CDLL(str(_so(128, 128, layer, tmp_path_factory)[0]))
     g = torch.Generator().manual_seed(7)
     A = torch.randn(16, 64, generator=g).bfloat16()
     B = torch.randn(64, 16, generator=g).bfloat16()
@@ -218,7 +218,7 @@ def test_mma_layer_tile(layer, tmp_path_factory):
     bits = lambda t: t.contiguous().view(torch.int16)  # noqa: E731
     a, b, at, bt = bits(A), bits(B), bits(A.t()), bits(B.t())
     C1, C2 = C0.clone(), torch.zeros(16, 16)
-    lib.emu_mma_tile.argtypes = [P] * 6
+    lib.emu_mma_tile.argtypes = [ctypes.c_void_p] * 6
     kstep = lib.emu_mma_tile(a.data_ptr(), b.data_ptr(), at.data_ptr(), bt.data_ptr(), C1.data_ptr(), C2.data_ptr())
     assert kstep == {"sm90_mma": 16, "gfx942_mfma": 16, "gfx950_mfma": 32}[layer]
     want = C0.double() + A.double() @ B.double()
@@ -232,24 +232,12 @@ def test_mma_layer_tile(layer, tmp_path_factory):
 
 
 def _prologue_ws(lib, K, V, x, lower_bound):
-    q, k, v, g, b = x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"]
-    T, H = q.shape[1], q.shape[2]
+    ws = _prologue(lib, K, V, x, lower_bound)
     cu = x["cu_seqlens"]
-    ci = prepare_chunk_indices(cu, 64).to(torch.int32).contiguous()
-    ws = {n: torch.full((T, H, d), float("nan"), dtype=torch.bfloat16)
-          for n, d in (("qg", K), ("w", K), ("kg", K), ("u", V), ("aqk", 64))}
-    decay = torch.full((max(ci.shape[0], 1), H, K), float("nan"))
-    pa = PrologueArgs(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), b.data_ptr(), x["A_log"].data_ptr(),
-                      x["g_bias"].data_ptr(), cu.data_ptr(), ci.data_ptr(), *(ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")),
-                      decay.data_ptr(), q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-                      g.stride(1), g.stride(2), b.stride(1), b.stride(2), H, K ** -0.5,
-                      lower_bound if lower_bound is not None else 0.0, int(lower_bound is not None), 1)
-    lib.emu_prologue.argtypes = [ctypes.POINTER(PrologueArgs), I64]
-    lib.emu_prologue(ctypes.byref(pa), ci.shape[0])
     # aqk: only s <= t within the chunk is defined
     pos = torch.cat([torch.arange(int(cu[i + 1] - cu[i])) % 64 for i in range(cu.numel() - 1)])
     ws["aqk"] = torch.where((torch.arange(64)[None, :] <= pos[:, None])[:, None, :], ws["aqk"].float(), 0.0)
-    return ws, decay
+    return ws, ws.pop("decay")
 
 
 @pytest.mark.parametrize("lower_bound", [-5.0, None], ids=["lower_bound", "softplus"])

@@ -1,31 +1,6 @@
-// Test-only driver: includes a generated .hip (path via -DKDA_SOURCE) and exposes CPU launchers.
-#define KDA_DEVICE_ONLY 1
+// Test-only driver: a generated .hip (path via -DKDA_SOURCE), its extern "C" launchers included, built
+// against the emulation's kda_port.h (tests/unit/test_hip_emulated.py), plus one tile of the matrix layer.
 #include KDA_SOURCE
-
-extern "C" void emu_prologue(kda::PrologueArgs* a, int64_t num_chunks) {
-  kda::PrologueArgs p = *a;
-  kda_emu_launch((unsigned)num_chunks, (unsigned)p.H, kda::THREADS, [&] { kda::kda_prologue_kernel(p); });
-}
-// The launcher's pass sequence (kda_recurrence_launch), on the CPU: one pass, or pass 1, scan, pass 2.
-extern "C" void emu_recurrence(kda::RecurrenceArgs* a, int64_t num_seqs) {
-  kda::RecurrenceArgs p = *a;
-  p.num_seqs = num_seqs;
-  const unsigned nh = (unsigned)(num_seqs * p.H);
-  if (p.groups > 1) {
-    p.gin = p.gop + (int64_t)(p.groups - 1) * num_seqs * p.H * (kda::V + kda::K) * kda::K;
-    p.pass = kda::kGroupOperators;
-    kda_emu_launch(nh, (unsigned)((kda::V + kda::K) / kda::BVS), kda::THREADS,
-                   [&] { kda::kda_recurrence_kernel(p); }, (unsigned)(p.groups - 1));
-    kda_emu_launch(nh, (unsigned)(kda::V / kda::SCAN_ROWS), kda::THREADS, [&] { kda::kda_group_scan_kernel(p); });
-    p.pass = kda::kGroupOutputs;
-  } else {
-    p.pass = kda::kSinglePass;
-  }
-  kda_emu_launch(nh, (unsigned)(kda::V / kda::BVS), kda::THREADS, [&] { kda::kda_recurrence_kernel(p); },
-                 (unsigned)p.groups);
-}
-extern "C" int emu_v_slice(void) { return kda::BVS; }
-extern "C" int emu_sizes(int which) { return which ? (int)sizeof(kda::RecurrenceArgs) : (int)sizeof(kda::PrologueArgs); }
 
 // One wave computes C = C0 + A B, A [16 x 64], B [64 x 16] (bf16 bits), through the layer's own load /
 // mma / accumulator-index functions, twice: from row-major A and B (C1), and from row-major A^T [64 x 16]

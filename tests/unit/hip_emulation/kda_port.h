@@ -87,6 +87,33 @@ inline void kda_emu_launch(unsigned gx, unsigned gy, unsigned threads, const std
       }
 }
 
+// The host runtime names of the generated launchers (include/kda_launch.h): the real extern "C"
+// kda_prologue_launch / kda_recurrence_launch run here, and each kernel launch runs its grid on the CPU.
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+typedef void* kdaStream_t;
+typedef int kdaError_t;
+#define kdaErrorInvalidValue 1
+inline kdaError_t kdaGetLastError() { return 0; }
+inline const char* kdaGetErrorString(kdaError_t e) { return e ? "invalid value (emulated)" : "no error"; }
+template <class Kernel>
+inline kdaError_t kdaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int, size_t) {
+  *blocks = 1;
+  return 0;
+}
+template <class Args>
+struct kda_emu_grid {
+  void (*kernel)(Args);
+  dim3 grid;
+  unsigned threads;
+  void operator()(const Args& a) const { kda_emu_launch(grid.x, grid.y, threads, [&] { kernel(a); }, grid.z); }
+};
+template <class Args>
+kda_emu_grid<Args> kda_emu_kernel(void (*kernel)(Args), dim3 grid, unsigned threads) { return {kernel, grid, threads}; }
+#define KDA_LAUNCH_KERNEL(kernel, grid, smem, stream) kda_emu_kernel(kernel, grid, kda::THREADS)
+
 // ---------------------------------------------------------------------------- wave-level instruction models
 // Per-thread publication slots (raw registers) and one result tile per wave.
 struct kda_emu_regs { uint32_t a[8]; uint32_t b[8]; float c[8]; };

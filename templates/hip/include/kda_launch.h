@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// kda_launch.h: the fused path's launch sequences, host side (copied verbatim; constants: kda_common.h).
+//
+// The generated instantiation's extern "C" launchers (parameter lists rendered from kdagen/kernels/hip.py)
+// pack their arguments into the kernels' argument structs and call these. Raw pointers, element strides
+// and a stream handle; the caller (kdagen/runtime/fused_path.py) has checked shapes.
+// KDA_LAUNCH_KERNEL(kernel, grid, smem, stream)(args) is the one place a kernel is launched: the triple
+// chevron here, a CPU model in tests/unit/hip_emulation/kda_port.h (which defines it first).
+#pragma once
+
+#include "kda_prologue.h"
+#include "kda_group_scan.h"  // (and kda_recurrence.h)
+
+#if !defined(KDA_DEVICE_ONLY)
+#ifndef KDA_LAUNCH_KERNEL
+#define KDA_LAUNCH_KERNEL(kernel, grid, smem, stream) kernel<<<grid, kda::THREADS, smem, stream>>>
+#endif
+
+namespace {
+template <typename Kernel, typename Smem>
+int kda_prepare(Kernel kernel) {
+#if KDA_DYNAMIC_SMEM
+  static int done = 0;
+  if (!done) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(Smem));
+    if (e != cudaSuccess) return (int)e;
+    done = 1;
+  }
+#else
+  (void)kernel;
+#endif
+  return 0;
+}
+constexpr size_t kda_dyn_smem(size_t bytes) { return KDA_DYNAMIC_SMEM ? bytes : 0; }
+}  // namespace
+
+namespace kda {
+
+// Resident recurrence blocks per multiprocessor (for the host's group-count choice); < 0: an error code.
+inline int recurrence_blocks_per_sm() {
+  int err = kda_prepare<decltype(&kda_recurrence_kernel), RecurrenceSmem>(&kda_recurrence_kernel);
+  if (err) return -err;
+  int blocks = 0;
+  err = (int)kdaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kda_recurrence_kernel, THREADS,
+                                                          kda_dyn_smem(sizeof(RecurrenceSmem)));
+  return err ? -err : blocks;
+}
+
+// One block per (chunk, head).
+inline int prologue_launch(const PrologueArgs& a, int64_t num_chunks, kdaStream_t stream) {
+  if (num_chunks <= 0 || a.H <= 0) return 0;
+  int err = kda_prepare<decltype(&kda_prologue_kernel), PrologueSmem>(&kda_prologue_kernel);
+  if (err) return err;
+  dim3 grid((unsigned)num_chunks, (unsigned)a.H);
+  KDA_LAUNCH_KERNEL(kda_prologue_kernel, grid, kda_dyn_smem(sizeof(PrologueSmem)), stream)(a);
+  return (int)kdaGetLastError();
+}
+
+// groups == 1: one pass. groups > 1: pass 1, the scan and pass 2, with group_ws (fp32) holding
+// (groups - 1) N H (V + K) K operator rows followed by groups N H V K start states. `a.pass`, `a.gop` and
+// `a.gin` are set here.
+inline int recurrence_launch(RecurrenceArgs a, float* group_ws, kdaStream_t stream) {
+  if (a.num_seqs <= 0 || a.H <= 0) return 0;
+  if (a.groups < 1 || (a.groups > 1 && !group_ws)) return (int)kdaErrorInvalidValue;
+  int err = kda_prepare<decltype(&kda_recurrence_kernel), RecurrenceSmem>(&kda_recurrence_kernel);
+  if (err) return err;
+  a.gop = group_ws;
+  a.gin = a.gop + (int64_t)(a.groups - 1) * a.num_seqs * a.H * (V + K) * K;
+  const size_t smem = kda_dyn_smem(sizeof(RecurrenceSmem));
+  const unsigned nh = (unsigned)(a.num_seqs * a.H);
+  if (a.groups > 1) {
+    a.pass = kGroupOperators;
+    KDA_LAUNCH_KERNEL(kda_recurrence_kernel, dim3(nh, (V + K) / BVS, a.groups - 1), smem, stream)(a);
+    if ((err = (int)kdaGetLastError())) return err;
+    KDA_LAUNCH_KERNEL(kda_group_scan_kernel, dim3(nh, V / SCAN_ROWS), 0, stream)(a);
+    if ((err = (int)kdaGetLastError())) return err;
+    a.pass = kGroupOutputs;
+  } else {
+    a.pass = kSinglePass;
+  }
+  KDA_LAUNCH_KERNEL(kda_recurrence_kernel, dim3(nh, V / BVS, a.groups), smem, stream)(a);
+  return (int)kdaGetLastError();
+}
+
+}  // namespace kda
+#endif  // !KDA_DEVICE_ONLY

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The generated fused HIP kernels' own code, run on the CPU: g++ builds a generated source against a
-test-only port header (tests/unit/hip_emulation/: one std::thread per GPU thread, std::barrier for
+test-only port header (tests/build/hip_emulation/: one std::thread per GPU thread, std::barrier for
 __syncthreads and per wave), and the results are compared with the float64 reference. This checks
 indexing, masking, state modes and checkpoint semantics of the kernel code, not GPU-specific behaviour
 (the H200 does that: tools/h200_fused_check.py).

@@ -64,8 +64,8 @@ CHILD = textwrap.dedent("""
     o, state = kdagen_kernels.chunk_kda_prefill(*args, **kw, out=out)
     o_ref, state_ref = chunk_kda_prefill_reference(*args, **kw)
     ran = "kdagen_kernels.triton.%(name)s" in sys.modules  # the new variant's kernels served the call
-    print(json.dumps({"fields": fields, "ran": ran, "in_out": o is out, "o_shape": list(o.shape), "o_dtype": str(o.dtype),
-                      "state_shape": list(state.shape),
+    print(json.dumps({"fields": fields, "ran": ran, "in_out": o is out, "o_shape": list(o.shape),
+                      "o_dtype": str(o.dtype), "state_shape": list(state.shape),
                       "err_o": rel_l2(o, o_ref), "err_state": rel_l2(state, state_ref)}))
 """) % {"name": NEW_NAME}
 

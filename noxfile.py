@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""nox sessions: generate, check, tests (CPU CI), gpu (the H200), demo, bench, autotune."""
+"""nox sessions: generate, check, quick (a fast local gate), tests and tests_triton_edge (CPU CI), gpu (the
+H200), demo, bench, autotune."""
 
 from __future__ import annotations
 
@@ -7,18 +8,28 @@ import nox
 
 # uv ignores the machine's pip.conf (constraints, on-disk wheels) and would fetch a CUDA torch.
 nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["check", "tests"]
+nox.options.sessions = ["check", "tests", "tests_triton_edge"]
 
 # Tested pins (design/toolchain.md section 0): the CPU torch wheel does not pin triton itself, and an
 # unpinned triton resolves to a release without tl.make_block_ptr.
-PINS = ("torch==2.13.0", "triton==3.7.1")
+TORCH = "torch==2.13.0"
+PINS = (TORCH, "triton==3.7.1")
 # The other ends of the triton range pyproject allows: their interpreters each need a patch
-# (kdagen/runtime/interpreter_compat.py), so CI runs the interpreter numerics under both.
-EDGE_TRITONS = ("triton==3.6.0", "triton==3.9.0")
+# (kdagen/runtime/interpreter_compat.py), so CI runs the interpreter numerics under both, each in its own
+# venv (the `tests` venv keeps the pinned release).
+EDGE_TRITONS = ("3.6.0", "3.9.0")
+# A handful of interpreter numerics for `quick`: the smallest variant end to end, caller metadata, the
+# state cache and the grouped walk.
+QUICK_NUMERICS = (
+    "tests/interp/test_triton_numerics.py::test_adversarial_regime_small",
+    "tests/interp/test_triton_numerics.py::test_caller_built_chunk_metadata_is_used",
+    "tests/interp/test_triton_numerics.py::test_state_cache_gather_run_scatter_in_place",
+    "tests/interp/test_triton_numerics.py::test_group_scan_matches_reference[2]",
+)
 GENERATOR_DEPS = ("jinja2", "pyyaml")
 
 
-def _install(session: nox.Session, *extras: str) -> None:
+def _install(session: nox.Session, *extras: str, pins: tuple[str, ...] = PINS) -> None:
     """Install the pinned stack and kdagen (editable, so kdagen_kernels is importable) in one resolve.
 
     Skipped without a venv (`--no-venv` or venv_backend="none"): then the current environment is
@@ -27,7 +38,13 @@ def _install(session: nox.Session, *extras: str) -> None:
     if session.venv_backend == "none":
         return
     target = f".[{','.join(extras)}]" if extras else "."
-    session.install(*PINS, "-e", target)
+    session.install(*pins, "-e", target)
+
+
+def _pytest(session: nox.Session, *args: str, interpret: bool) -> None:
+    # The interpreter flag is read when triton is imported, so each setting is its own process. nox fails
+    # the session on any non-zero exit, so a run that collects no tests (pytest's exit 5) fails it too.
+    session.run("pytest", *args, *session.posargs, env={"TRITON_INTERPRET": "1" if interpret else None})
 
 
 @nox.session
@@ -46,22 +63,30 @@ def check(session: nox.Session) -> None:
 
 
 @nox.session
-def tests(session: nox.Session) -> None:
-    """The CPU CI: unit + interpreter numerics + e2e under TRITON_INTERPRET=1, AOT compiles, then the
-    interpreter numerics under the oldest and newest supported triton."""
+def quick(session: nox.Session) -> None:
+    """Unit tests and a few interpreter numerics (under two minutes on two cores)."""
     _install(session, "test")
-    # Two processes: the interpreter flag is read when triton is imported, and the AOT tests need
-    # the real compiler. A failing run, or one that collects no tests (exit 5), fails the session.
-    session.run("pytest", "tests/unit", "tests/interp", "tests/e2e", *session.posargs,
-                env={"TRITON_INTERPRET": "1"})
-    session.run("pytest", "tests/aot", *session.posargs, env={"TRITON_INTERPRET": None})
-    # The interpreter numerics and metadata again under the oldest and newest supported triton; last, so
-    # the AOT tests above compile with the pinned release.
-    if session.venv_backend != "none":
-        for triton in EDGE_TRITONS:
-            session.install(triton)
-            session.run("pytest", "tests/interp/test_triton_numerics.py", "tests/interp/test_metadata.py",
-                        *session.posargs, env={"TRITON_INTERPRET": "1"})
+    _pytest(session, "tests/unit", *QUICK_NUMERICS, interpret=True)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The CPU CI under the pinned triton: unit, interp, e2e and build tests, then the AOT compiles.
+
+    tests/e2e spawns processes, tests/build runs g++ (the HIP emulation, fake libraries); both under
+    TRITON_INTERPRET=1 with the unit and interpreter tests. tests/aot needs the real Triton compiler.
+    """
+    _install(session, "test")
+    _pytest(session, "tests/unit", "tests/interp", "tests/e2e", "tests/build", interpret=True)
+    _pytest(session, "tests/aot", interpret=False)
+
+
+@nox.session
+@nox.parametrize("triton", EDGE_TRITONS, ids=[f"triton{v}" for v in EDGE_TRITONS])
+def tests_triton_edge(session: nox.Session, triton: str) -> None:
+    """The interpreter numerics and metadata under the oldest and the newest supported triton."""
+    _install(session, "test", pins=(TORCH, f"triton=={triton}"))
+    _pytest(session, "tests/interp/test_triton_numerics.py", "tests/interp/test_metadata.py", interpret=True)
 
 
 @nox.session(venv_backend="none")

@@ -8,7 +8,7 @@ Note [HIP cache key]
     sha256 over: the rendered source bytes; every file of the include dir (name + bytes, sorted); the
     compiler's resolved path and its `--version` output; the exact flags; the target; the kdagen version.
     Nothing else (no mtimes, no source path), so the same inputs hit the same entry from any checkout,
-    and a change to any of them is a new entry. Tested in tests/unit/test_jit_hip_cache.py.
+    and a change to any of them is a new entry. Tested in tests/build/test_jit_hip_cache.py.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 from conftest import copy_tree  # tests/ is on sys.path (rootdir conftest)
+from tests.tolerances import within
 
 NEW_VARIANT = """\
 
@@ -59,11 +60,12 @@ CHILD = textwrap.dedent("""
     args = (q, k, v, raw_g, raw_beta, A_log)
     kw = dict(g_bias=g_bias, lower_bound=-5.0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
               output_final_state=True)
-    o, state = kdagen_kernels.chunk_kda_prefill(*args, **kw)
+    out = torch.full_like(v, float('nan'))  # poisoned: an unwritten element makes the error NaN
+    o, state = kdagen_kernels.chunk_kda_prefill(*args, **kw, out=out)
     o_ref, state_ref = chunk_kda_prefill_reference(*args, **kw)
     ran = "kdagen_kernels.triton.%(name)s" in sys.modules  # the new variant's kernels served the call
-    print(json.dumps({"fields": fields, "ran": ran, "o_shape": list(o.shape), "o_dtype": str(o.dtype),
-                      "state_shape": list(state.shape),
+    print(json.dumps({"fields": fields, "ran": ran, "in_out": o is out, "o_shape": list(o.shape),
+                      "o_dtype": str(o.dtype), "state_shape": list(state.shape),
                       "err_o": rel_l2(o, o_ref), "err_state": rel_l2(state, state_ref)}))
 """) % {"name": NEW_NAME}
 
@@ -92,7 +94,8 @@ def test_add_head_dim_variant(tmp_path):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["fields"] == ["triton", "bf16", 32, 64, 32, ["sm_90"]]
     assert result["ran"], "the call did not run the new variant's generated module"
+    assert result["in_out"], "the output was not written into out"
     assert result["o_shape"] == [1, 45, 2, 64] and result["o_dtype"] == "torch.bfloat16"
     assert result["state_shape"] == [3, 2, 64, 32]  # V-first [N, H, V, K]
-    assert result["err_o"] < 1e-2, result
-    assert result["err_state"] < 1e-2, result
+    within(f"added variant output {result}", result["err_o"], ("triton-interp", "bf16", "output"))
+    within(f"added variant final state {result}", result["err_state"], ("triton-interp", "bf16", "final_state"))

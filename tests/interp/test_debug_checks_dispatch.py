@@ -14,7 +14,8 @@ import torch
 
 import kdagen_kernels
 from kdagen.reference import chunk_kda_prefill_reference
-from tests.kda_cases import TOL, check, make_inputs
+from tests.kda_cases import make_inputs, poisoned_out
+from tests.tolerances import check
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter numerics: run with TRITON_INTERPRET=1")
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 E = min((e for e in kdagen_kernels.VARIANTS if e.backend == "triton"),
         key=lambda e: (e.dtype != "bf16", e.head_dim_k * e.head_dim_v))
 H, K, V = 2, E.head_dim_k, E.head_dim_v
+OUT, STATE = ("triton-interp", "bf16", "output"), ("triton-interp", "bf16", "final_state")
 
 
 def _args(lens=(20, 0, 1, 9), **kw):
@@ -83,16 +85,16 @@ def test_padding_state_rows_are_neither_read_nor_written():
     args = _paged(_args(), rows=[5, 0, -1, 3], flags=[True, False, True, True])
     cache = args["state_cache"]
     before = cache.clone()
-    o, s = kdagen_kernels.chunk_kda_prefill(**args)
+    o, s = kdagen_kernels.chunk_kda_prefill(**args, out=poisoned_out(args["v"]))
     assert s is None
     # The reference knows no padding rows: give sequence 2 a scratch row and a false flag instead.
     ref_args = dict(args, state_cache=cache.new_zeros(7, H, V, K), state_indices=torch.tensor([5, 0, 6, 3]),
                     has_initial_state=torch.tensor([True, False, False, True]))
     ref_args["state_cache"][:6] = before
     ref_o, _ = chunk_kda_prefill_reference(**ref_args)
-    check("padded-batch output", o, ref_o, TOL[("interp", "o")])
+    check("padded-batch output", o, ref_o, OUT)
     for r in (5, 0, 3):
-        check(f"cache row {r}", cache[r], ref_args["state_cache"][r], TOL[("interp", "state")])
+        check(f"cache row {r}", cache[r], ref_args["state_cache"][r], STATE)
     for r in (1, 2, 4):
         assert torch.equal(cache[r], before[r])
 
@@ -101,9 +103,10 @@ def test_numpy_flags_and_scale_are_accepted():
     args = _args()
     ref_o, ref_s = chunk_kda_prefill_reference(**dict(args, scale=0.1))
     args.update(output_final_state=np.bool_(True), use_qk_l2norm_in_kernel=np.bool_(True))
-    o, s = kdagen_kernels.chunk_kda_prefill(**args, scale=np.float32(0.1), use_fused_chunk=np.bool_(False))
-    check("output", o, ref_o, TOL[("interp", "o")])
-    check("state", s, ref_s, TOL[("interp", "state")])
+    o, s = kdagen_kernels.chunk_kda_prefill(**args, scale=np.float32(0.1), use_fused_chunk=np.bool_(False),
+                                            out=poisoned_out(args["v"]))
+    check("output", o, ref_o, OUT)
+    check("state", s, ref_s, STATE)
 
 
 @pytest.mark.parametrize("alias", ["v", "q", "k"])
@@ -115,5 +118,5 @@ def test_out_may_alias_an_input(alias):
     args = {n: (t.clone() if isinstance(t, torch.Tensor) else t) for n, t in args.items()}
     o, s = kdagen_kernels.chunk_kda_prefill(**args, out=args[alias])
     assert o.data_ptr() == args[alias].data_ptr()
-    check("in-place output", o, ref_o, TOL[("interp", "o")])
-    check("state", s, ref_s, TOL[("interp", "state")])
+    check("in-place output", o, ref_o, OUT)
+    check("state", s, ref_s, STATE)

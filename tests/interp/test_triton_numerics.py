@@ -9,13 +9,16 @@ without touching this file.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
 
 import kdagen_kernels
 from kdagen.reference import chunk_kda_prefill_reference
-from tests.kda_cases import TOL, check, make_inputs, poisoned_out
+from kdagen.runtime import metadata as md
+from tests.kda_cases import make_inputs, poisoned_out
+from tests.tolerances import check
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter numerics: run with TRITON_INTERPRET=1")
@@ -35,14 +38,22 @@ def _lens(e) -> list[int]:
     return [c + c // 2 + 3, 0, 1, c]
 
 
-def _run(e, args, tol_o=TOL[("interp", "o")], tol_s=TOL[("interp", "state")]):
+def _out(e) -> tuple[str, str, str]:
+    return ("triton-interp", e.dtype, "output")
+
+
+def _state(e) -> tuple[str, str, str]:
+    return ("triton-interp", e.dtype, "final_state")
+
+
+def _run(e, args):
     ref_o, ref_s = chunk_kda_prefill_reference(**args)
     out = poisoned_out(args["v"])
     o, s = kdagen_kernels.chunk_kda_prefill(**args, out=out)
     assert o is out
-    check(f"{e.name} output", o, ref_o, tol_o)
+    check(f"{e.name} output", o, ref_o, _out(e))
     if ref_s is not None:
-        check(f"{e.name} final state", s, ref_s, tol_s)
+        check(f"{e.name} final state", s, ref_s, _state(e))
     return o, s
 
 
@@ -89,7 +100,7 @@ def test_out_is_a_strided_view_of_a_larger_buffer():
     out = big[..., 4:4 + e.head_dim_v]
     o, _ = kdagen_kernels.chunk_kda_prefill(**args, out=out)
     assert o.data_ptr() == out.data_ptr()
-    check("strided out", o, ref_o, TOL[("interp", "o")])
+    check("strided out", o, ref_o, _out(e))
     assert torch.isnan(big[..., :4]).all() and torch.isnan(big[..., 4 + e.head_dim_v:]).all()
 
 
@@ -111,11 +122,11 @@ def test_state_cache_gather_run_scatter_in_place():
                                               has_initial_state=flags)
     assert none is None
     o, s = kdagen_kernels.chunk_kda_prefill(**args, state_cache=cache, state_indices=rows,
-                                            has_initial_state=flags)
+                                            has_initial_state=flags, out=poisoned_out(args["v"]))
     assert s is None
-    check("state-cache output", o, ref_o, TOL[("interp", "o")])
+    check("state-cache output", o, ref_o, _out(e))
     for r in (5, 0, 2, 3):
-        check(f"cache row {r}", cache[r], ref_cache[r].float(), TOL[("interp", "state")])
+        check(f"cache row {r}", cache[r], ref_cache[r].float(), _state(e))
     for r in (1, 4, 6):  # rows outside state_indices stay bit-identical
         assert torch.equal(cache[r], before[r])
 
@@ -124,13 +135,13 @@ def test_batch_without_cu_seqlens_equals_packed():
     e = _small()
     H, K, V = 2, e.head_dim_k, e.head_dim_v
     args = make_inputs([19, 19], H, K, V, DTYPES[e.dtype], "cpu", seed=6)
-    packed_o, packed_s = kdagen_kernels.chunk_kda_prefill(**args)
+    packed_o, packed_s = kdagen_kernels.chunk_kda_prefill(**args, out=poisoned_out(args["v"]))
     batched = dict(args)
     del batched["cu_seqlens"]
     for name in ("q", "k", "v", "raw_g"):
         batched[name] = args[name].view(2, 19, H, -1)
     batched["raw_beta"] = args["raw_beta"].view(2, 19, H)
-    o, s = kdagen_kernels.chunk_kda_prefill(**batched)
+    o, s = kdagen_kernels.chunk_kda_prefill(**batched, out=poisoned_out(batched["v"]))
     assert o.shape == (2, 19, H, V)
     assert torch.equal(o.view_as(packed_o), packed_o)
     assert torch.equal(s, packed_s)
@@ -146,12 +157,32 @@ def test_prenormalized_inputs_without_in_kernel_l2norm():
     _run(e, args)
 
 
-def test_caller_built_chunk_metadata_is_used():
+BUILDERS = ("prepare_chunk_indices", "prepare_chunk_offsets", "prepare_chunk_metadata_device")
+
+
+def _forbid_metadata_builders(monkeypatch) -> None:
+    """Make every chunk-metadata builder raise, wherever kdagen has bound it (a module that imported it by
+    name holds its own reference): a call that builds metadata itself then fails."""
+    originals = [getattr(md, name) for name in BUILDERS]
+
+    def forbidden(*a, **k):
+        raise AssertionError("the runtime built chunk metadata although the caller passed it")
+
+    for mod in [m for name, m in sys.modules.items() if name.split(".")[0] in ("kdagen", "kdagen_kernels")]:
+        for name, value in list(vars(mod).items()):
+            if any(value is f for f in originals):
+                monkeypatch.setattr(mod, name, forbidden)
+
+
+def test_caller_built_chunk_metadata_is_used(monkeypatch):
     e = next(x for x in TRITON if x.chunk_size == 64) if any(x.chunk_size == 64 for x in TRITON) else _small()
     args = make_inputs([70, 0, 5], 2, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", seed=8)
+    o2, s2 = kdagen_kernels.chunk_kda_prefill(**args, out=poisoned_out(args["v"]))
     ci, co = kdagen_kernels.prepare_chunk_metadata_device(args["cu_seqlens"], args["cu_seqlens"], e.chunk_size)
-    o1, s1 = kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co)
-    o2, s2 = kdagen_kernels.chunk_kda_prefill(**args)
+    _forbid_metadata_builders(monkeypatch)
+    with pytest.raises(AssertionError, match="built chunk metadata"):  # the guard works
+        kdagen_kernels.chunk_kda_prefill(**args, out=poisoned_out(args["v"]))
+    o1, s1 = kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=poisoned_out(args["v"]))
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
 
 
@@ -204,8 +235,8 @@ def test_group_scan_state_cache_in_place(monkeypatch):
     o, s = kdagen_kernels.chunk_kda_prefill(**args, state_cache=cache, state_indices=rows, has_initial_state=flags,
                                             out=poisoned_out(args["v"]))
     assert s is None
-    check("group-scan state-cache output", o, ref_o, TOL[("interp", "o")])
+    check("group-scan state-cache output", o, ref_o, _out(e))
     for r in (3, 0, 1):
-        check(f"cache row {r}", cache[r], ref_cache[r].float(), TOL[("interp", "state")])
+        check(f"cache row {r}", cache[r], ref_cache[r].float(), _state(e))
     for r in (2, 4):
         assert torch.equal(cache[r], before[r])

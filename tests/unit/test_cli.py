@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -68,21 +66,3 @@ def test_add_command(monkeypatch, capsys):
     assert capsys.readouterr().out == f"hello kda from {ROOT.name}\n"
     with pytest.raises(ValueError, match="registered twice"):
         cli.add_command("hello", "again", None, lambda args: 0)
-
-
-def test_python_dash_m(root):
-    proc = subprocess.run([sys.executable, "-m", "kdagen", "list", "--root", str(root)], cwd=ROOT,
-                          capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert "kda_chunk_fwd__triton__" in proc.stdout
-    assert cli.PROJECT_ROOT == ROOT
-
-
-def test_generator_commands_do_not_need_torch(root):
-    # `nox -s generate` / `nox -s check` install only jinja2 and pyyaml: keep torch/triton out of the
-    # import path of the CLI and of every module in COMMAND_MODULES (they must import torch lazily).
-    code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
-            "from kdagen.cli import main; sys.exit(main(['generate', '--root', sys.argv[1]]))")
-    proc = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr

@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -118,22 +116,6 @@ def test_a_hip_entry_loads_through_load_fused(monkeypatch):
         with pytest.raises(ValueError, match=re.escape(f"load it with one of its targets gfx942, gfx950, sm_90, "
                                                        f"got target={bad!r}")):
             KIMI.load(bad)
-
-
-def test_importing_the_package_builds_nothing(tmp_path):
-    # A fresh interpreter: importing kdagen_kernels neither compiles a fused library nor imports a kernel module.
-    code = ("from kdagen.runtime import jit_hip\n"
-            "def boom(*a, **k): raise AssertionError('compiled at import')\n"
-            "jit_hip.build_library = jit_hip.load_library = boom\n"
-            "import sys, kdagen_kernels\n"
-            "assert any(e.backend == 'hip' for e in kdagen_kernels.VARIANTS)\n"
-            "assert not [m for m in sys.modules if m.startswith('kdagen_kernels.triton.')], sys.modules\n"
-            "print('ok')\n")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{root / 'generated'}", KDAGEN_CACHE_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                       check=False)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
 # ---- the decision (pure) -------------------------------------------------------------------------

@@ -29,7 +29,7 @@
 // operands, T and the w/u right operands), and the recurrence's four products. -DKDA_MMA_LAYER=0
 // selects the plain FMA code instead.
 // The instantiation includes kda_port.h first (not included here: the CPU emulation's stand-in,
-// tests/unit/hip_emulation/kda_port.h, replaces it through the include path).
+// tests/build/hip_emulation/kda_port.h, replaces it through the include path).
 #pragma once
 
 namespace kda {

@@ -5,7 +5,7 @@
 // pack their arguments into the kernels' argument structs and call these. Raw pointers, element strides
 // and a stream handle; the caller (kdagen/runtime/fused_path.py) has checked shapes.
 // KDA_LAUNCH_KERNEL(kernel, grid, smem, stream)(args) is the one place a kernel is launched: the triple
-// chevron here, a CPU model in tests/unit/hip_emulation/kda_port.h (which defines it first).
+// chevron here, a CPU model in tests/build/hip_emulation/kda_port.h (which defines it first).
 #pragma once
 
 #include "kda_prologue.h"

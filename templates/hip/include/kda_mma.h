@@ -24,7 +24,7 @@
 //                            wave 64, KDA_MMA_K = 32 (gfx950 only)
 //
 // The instruction itself is one small function per layer (kda_insn_*, below), taking this lane's raw
-// registers. The CPU emulation (tests/unit/hip_emulation/kda_port.h) defines KDA_MMA_EMULATED and
+// registers. The CPU emulation (tests/build/hip_emulation/kda_port.h) defines KDA_MMA_EMULATED and
 // supplies those functions as a model of the whole wave written from the ISA documents, so the fragment
 // index math here is what the emulated tests exercise.
 #pragma once

@@ -1,5 +1,5 @@
 // Test-only driver: a generated .hip (path via -DKDA_SOURCE), its extern "C" launchers included, built
-// against the emulation's kda_port.h (tests/unit/test_hip_emulated.py), plus one tile of the matrix layer.
+// against the emulation's kda_port.h (tests/build/test_hip_emulated.py), plus one tile of the matrix layer.
 #include KDA_SOURCE
 
 // One wave computes C = C0 + A B, A [16 x 64], B [64 x 16] (bf16 bits), through the layer's own load /

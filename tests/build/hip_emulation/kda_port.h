@@ -1,5 +1,5 @@
 // Test-only stand-in for kda_port.h: runs the generated kernels on the CPU, one std::thread per GPU
-// thread and a std::barrier for __syncthreads (tests/unit/test_hip_emulated.py). Not a product path.
+// thread and a std::barrier for __syncthreads (tests/build/test_hip_emulated.py). Not a product path.
 //
 // The matrix layer (templates/hip/include/kda_mma.h, the real one, included at the end) is selected with
 // -DKDA_MMA_LAYER=0..3; this header then models the wave (32 or 64 lanes, a std::barrier per wave) and

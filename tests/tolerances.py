@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The one tolerance table of the numerics tests, and the checks that read it.
+
+A key is (path, dtype, quantity); a bound is the worst error measured on that key times a stated margin,
+so a bound never comes from nowhere. Errors are relative L2 against the float64 reference unless the
+quantity says otherwise. Paths:
+
+- triton-interp: the Triton kernels under TRITON_INTERPRET=1 on the CPU (fp32 workspace, numpy products).
+- triton-gpu, fused-gpu: the Triton and the fused HIP (sm_90 build) paths on the H200.
+- hip-emulated: the generated HIP sources built by g++ against tests/build/hip_emulation (CPU).
+
+Re-measuring: KDAGEN_TOLERANCE_LOG=/tmp/errs.jsonl pytest ... appends every checked error there, and
+`python -m tests.tolerances /tmp/errs.jsonl` prints the worst one per key next to the table's entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from kdagen.reference import rel_l2
+
+Key = tuple[str, str, str]
+# Where the measurements come from. The interpreter and emulation errors are deterministic (fixed seeds,
+# derandomized fuzz); the GPU ones are from docs/perf-notes.md, or a stand-in where none was recorded.
+INTERP = "worst over tests/interp and tests/e2e, triton 3.7.1 interpreter, torch 2.13 (2026-12-01, 1f94667)"
+EMULATED = "worst over tests/build/test_hip_emulated.py, all four layers (2026-12-01, commit 1f94667)"
+H200_GROUPS = "H200, tests/gpu group counts with a state cache (docs/perf-notes.md section 14, 2026-11-30)"
+H200_ADVERSARIAL = ("H200, Triton output on near-duplicate keys, beta 0.95 (perf-notes section 15 ablation base); "
+                    "the final state is not recorded")
+FUSED_STANDIN = ("stand-in: the sm_90 layer's CPU emulation (perf-notes section 7); no per-quantity H200 error is "
+                 "recorded, the H200 runs pass at 1e-2")
+FP16_STANDIN = "stand-in: the bf16 measurement (no fp16 error on the H200 recorded; fp16 rounds 8x finer)"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    measured: float  # the worst error seen on this key
+    margin: float  # bound = measured * margin
+    source: str  # where and when `measured` was measured
+
+    @property
+    def bound(self) -> float:
+        return self.measured * self.margin
+
+
+TOLERANCES: dict[Key, Tolerance] = {
+    # ---- Triton path in the interpreter (fp32 workspace): tests/interp, tests/e2e's added variant -----
+    # Outputs carry the bf16 / fp16 rounding of q, k, v and out; the fp32 states only the workspace's.
+    ("triton-interp", "bf16", "output"): Tolerance(3.6e-3, 2.5, INTERP),
+    ("triton-interp", "fp16", "output"): Tolerance(2.3e-4, 2.5, INTERP),
+    # A less precise block inverse (Neumann doubling) reaches 1e-4 here: test_robustness's guard.
+    ("triton-interp", "bf16", "final_state"): Tolerance(1.8e-6, 3.0, INTERP),
+    ("triton-interp", "fp16", "final_state"): Tolerance(1.6e-6, 3.0, INTERP),
+    # ---- the H200 (tests/gpu) -----------------------------------------------------------------------
+    ("triton-gpu", "bf16", "output"): Tolerance(4.03e-3, 2.5, H200_GROUPS),
+    ("triton-gpu", "bf16", "final_state"): Tolerance(2.94e-3, 3.4, H200_GROUPS),
+    ("triton-gpu", "fp16", "output"): Tolerance(4.03e-3, 2.5, FP16_STANDIN),
+    ("triton-gpu", "fp16", "final_state"): Tolerance(2.94e-3, 3.4, FP16_STANDIN),
+    ("triton-gpu", "bf16", "adversarial"): Tolerance(4.04e-3, 12.4, H200_ADVERSARIAL),
+    # Our error over FLA's on the same inputs (final state 2.74e-3 vs 2.77e-3, output 3.98e-3 vs 4.08e-3).
+    ("triton-gpu", "bf16", "ratio_to_fla"): Tolerance(0.99, 1.5, "H200, bench check (perf-notes section 13)"),
+    ("fused-gpu", "bf16", "output"): Tolerance(3.5e-3, 2.9, FUSED_STANDIN),
+    ("fused-gpu", "bf16", "final_state"): Tolerance(1.3e-3, 7.7, FUSED_STANDIN),
+    ("fused-gpu", "bf16", "adversarial"): Tolerance(4.04e-3, 12.4, "stand-in: " + H200_ADVERSARIAL),
+    # Fused vs Triton outputs and states: not measured; each is ~4e-3 from the reference, so at most ~8e-3.
+    ("fused-gpu", "bf16", "vs_triton"): Tolerance(8.0e-3, 2.5, "stand-in: the sum of both paths' H200 errors"),
+    ("fused-gpu", "bf16", "vs_one_group"): Tolerance(1.1e-3, 4.5, "H200, final state at G = 2..32 vs G = 1 "
+                                                                  "(2026-11-30, commit c137451)"),
+    # ---- the HIP sources in the CPU emulation (tests/build) -----------------------------------------
+    ("hip-emulated", "bf16", "output"): Tolerance(3.5e-3, 2.5, EMULATED),
+    ("hip-emulated", "bf16", "final_state"): Tolerance(2.9e-3, 2.5, EMULATED),
+    ("hip-emulated", "bf16", "vs_one_group"): Tolerance(1.6e-3, 3.0, EMULATED),
+    ("hip-emulated", "bf16", "vs_fma_layer"): Tolerance(2.9e-3, 2.5, EMULATED),
+    # Max abs error of one 16 x 16 x 64 tile product against float64 (fp32 accumulation).
+    ("hip-emulated", "bf16", "mma_tile_abs"): Tolerance(2.4e-6, 3.0, EMULATED),
+}
+
+
+def bound(key: Key) -> float:
+    if key not in TOLERANCES:
+        raise KeyError(f"no tolerance for {key}: measure it and add it to tests/tolerances.py")
+    return TOLERANCES[key].bound
+
+
+def _record(key: Key, what: str, err: float) -> None:
+    path = os.environ.get("KDAGEN_TOLERANCE_LOG")
+    if path:
+        row = {"key": list(key), "what": what, "err": err, "test": os.environ.get("PYTEST_CURRENT_TEST", "")}
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def within(what: str, err: float, key: Key) -> float:
+    """Assert a measured error meets the key's bound; return it."""
+    _record(key, what, err)
+    tol = bound(key)
+    assert err <= tol, f"{what}: error {err:.3e} > {tol:.2e} ({key})"
+    return err
+
+
+def check(name: str, got: torch.Tensor, ref: torch.Tensor, key: Key) -> float:
+    """Shape, finiteness (an unwritten poisoned element is NaN) and relative L2 error within the bound."""
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} vs reference {tuple(ref.shape)}"
+    assert torch.isfinite(got).all(), f"{name}: {int((~torch.isfinite(got)).sum())} non-finite values (unwritten?)"
+    return within(name, rel_l2(got, ref), key)
+
+
+def summarize(lines: Iterable[str]) -> str:
+    worst: dict[Key, tuple[float, str]] = {}
+    for line in lines:
+        row = json.loads(line)
+        key = tuple(row["key"])
+        if key not in worst or row["err"] > worst[key][0]:
+            worst[key] = (row["err"], row["test"])
+    out = []
+    for key, (err, test) in sorted(worst.items()):
+        t = TOLERANCES.get(key)
+        table = f"table {t.measured:.1e} x {t.margin:g} = {t.bound:.1e}" if t else "not in the table"
+        out.append(f"{'/'.join(key):40s} worst {err:.2e}  {table}  ({test})")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        print(summarize(f))

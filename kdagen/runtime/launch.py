@@ -89,7 +89,8 @@ class KernelLaunch:
                 return
             kernel = self._call(*args, **self._kw)
             if kernel is not None and hasattr(kernel, "__getitem__"):
-                compiled[key] = kernel[self.grid]
+                # The compiled launcher indexes all three grid dimensions.
+                compiled[key] = kernel[tuple(self.grid) + (1,) * (3 - len(self.grid))]
             return
         self._call(*args, **self._kw)
 

@@ -84,7 +84,8 @@ class KdaPrefillPlan:
         if (why := refused_config(target, tun)) is not None:
             raise ValueError(f"{OP}: tuning {tun} refused on {target}: {why}")
         n_chunks = ci.shape[0]
-        self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups)
+        self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
+                                        checkpoints=b.checkpoint_offsets is not None)
         layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype)
         self.workspace_bytes = layout.nbytes
         if workspace is None:

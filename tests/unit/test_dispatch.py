@@ -197,6 +197,9 @@ def test_triton_group_count_keeps_full_gpus_on_one_walk(monkeypatch):
     assert triton_path.recurrence_groups(mod, {"block_v": 64}, 4, 12, 1024, cuda) == 1
     assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 96, 1024, cuda) == 1
     assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda) == 6
+    # A batch that writes checkpoints keeps the plain walk (bit-exact snapshots) unless a count is asked for.
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda, checkpoints=True) == 1
+    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda, 3, checkpoints=True) == 3
 
 
 def test_triton_group_count_env_and_cpu(monkeypatch):

@@ -86,7 +86,7 @@ def equal_lens(T: int, N: int) -> list[int]:
     return [T // N] * (N - 1) + [T - (T // N) * (N - 1)]
 
 
-def _inputs(H: int, T: int, N: int, seed: int = 0):
+def shape_inputs(H: int, T: int, N: int, seed: int = 0):
     return make_inputs(H, equal_lens(T, N), seed=seed)
 
 
@@ -115,7 +115,7 @@ def make_inputs(H: int, lens: list[int], K: int = 128, V: int = 128, dtype: str 
     return args, ci, co
 
 
-def _impls() -> dict:
+def implementations() -> dict:
     import torch
 
     import kdagen_kernels
@@ -166,11 +166,11 @@ def _validate(impls: dict) -> tuple[dict, dict[str, tuple[float, float]]]:
 
     from kdagen.reference import chunk_kda_prefill_reference, rel_l2
 
-    args, ci, co = _inputs(*CHECK_SHAPE, seed=1)
+    args, ci, co = shape_inputs(*CHECK_SHAPE, seed=1)
     ref_o, ref_s = chunk_kda_prefill_reference(**args)
     kept, errors = {}, {}
     for name, make in impls.items():
-        # An explicit, poisoned out: with out=None the fused path writes into v (the seed's contract),
+        # An explicit, poisoned out: with out=None the fused path writes into v (vLLM's op's contract),
         # which the next implementation reads.
         o, s = make(args, ci, co, torch.full_like(args["v"], float("nan")))()
         eo, es = rel_l2(o, ref_o), rel_l2(s, ref_s)
@@ -204,12 +204,12 @@ def run_bench(shapes, out_dir: Path, wanted: list[str] | None = None) -> list[di
 
     from kdagen.reference import chunk_kda_prefill_reference, rel_l2
 
-    impls, check_errors = _validate(pick_impls(_impls(), wanted or []))
+    impls, check_errors = _validate(pick_impls(implementations(), wanted or []))
     bw, flops = _ceilings()
     print(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", file=sys.stderr)
     rows = []
     for i, (H, T, N) in enumerate(shapes):
-        args, ci, co = _inputs(H, T, N)
+        args, ci, co = shape_inputs(H, T, N)
         out = torch.empty_like(args["v"])
         ref = chunk_kda_prefill_reference(**args) if ref_fits(H, T, N) else None
         floor_ms = 1e3 * max((BYTES_PER_TOKEN_HEAD * T * H + STATE_BYTES_PER_SEQ_HEAD * N * H) / bw,

@@ -207,7 +207,7 @@ def chunk_kda_prefill_reference(
     checkpoint_state_indices[n] (negative: skip) or n. Any offset is accepted here (the kernels only
     honour multiples of their chunk size); other offsets write nothing.
     """
-    # --- argument checks (the seed's ValueErrors first) -------------------------------------
+    # --- argument checks (vLLM's op's ValueErrors first) -------------------------------------
     if state_cache is not None:
         if initial_state is not None or output_final_state:
             raise ValueError("state_cache replaces initial_state/output_final_state")

@@ -25,7 +25,7 @@ import triton
 
 import kdagen_kernels
 from kdagen.autotune import kernel_call
-from kdagen.bench import _inputs, make_inputs
+from kdagen.bench import shape_inputs, make_inputs
 from kdagen.reference import chunk_kda_prefill_reference, rel_l2
 from kdagen.runtime.device import target_of
 
@@ -164,7 +164,7 @@ def main() -> None:
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k128_v128_c64")
     src = Path(entry.load().__file__).read_text()
     tun = dict(entry.load().TUNING[target_of(torch.device("cuda"))])
-    inputs = {s: _inputs(*s) for s in shapes}
+    inputs = {s: shape_inputs(*s) for s in shapes}
     print(f"kda_prologue + kda_wu ms (do_bench median) per shape, tuning {tun}")
     print(f"{'edit':32s} {'error':>9s} {'adv. err':>9s} " + " ".join(f"{f'{H}/{T}/{N}':>16s}" for H, T, N in shapes))
     with tempfile.TemporaryDirectory() as tmp:

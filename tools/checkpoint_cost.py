@@ -16,14 +16,14 @@ import torch
 import triton
 
 import kdagen_kernels as kk
-from kdagen.bench import _inputs
+from kdagen.bench import shape_inputs
 
 
 def main() -> None:
     shapes = sys.argv[1:] or ["12:16384:16", "32:16384:16", "96:16384:16"]
     for shape in shapes:
         H, T, N = (int(x) for x in shape.split(":"))
-        args, ci, co = _inputs(H, T, N)
+        args, ci, co = shape_inputs(H, T, N)
         out = torch.empty_like(args["v"])
         lens = (args["cu_seqlens"][1:] - args["cu_seqlens"][:-1]).cpu()
         offsets = ((lens // 2) // 64 * 64).to(torch.int32).cuda()

@@ -12,16 +12,16 @@ from collections import defaultdict
 
 import torch
 
-from kdagen.bench import _impls, _inputs
+from kdagen.bench import implementations, shape_inputs
 
 
 def main() -> None:
     shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:]] or [(96, 16384, 16)]
-    fla = _impls().get("fla-safe-gate")
+    fla = implementations().get("fla-safe-gate")
     if fla is None:
         raise SystemExit("fla-core is not importable")
     for H, T, N in shapes:
-        args, ci, co = _inputs(H, T, N)
+        args, ci, co = shape_inputs(H, T, N)
         call = fla(args, ci, co, None)
         for _ in range(3):
             call()

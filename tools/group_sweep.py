@@ -16,7 +16,7 @@ import torch
 import triton
 
 import kdagen_kernels
-from kdagen.bench import _inputs
+from kdagen.bench import shape_inputs
 from kdagen.runtime.triton_path import GROUPS_ENV
 
 
@@ -27,7 +27,7 @@ def main() -> None:
     args = p.parse_args()
     for shape in args.shapes:
         H, T, N = (int(x) for x in shape.split(":"))
-        kw, ci, co = _inputs(H, T, N)
+        kw, ci, co = shape_inputs(H, T, N)
         out = torch.empty_like(kw["v"])
         row = []
         for g in args.groups.split(","):

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 
 import kdagen_kernels
-from kdagen.bench import _inputs
+from kdagen.bench import shape_inputs
 from kdagen.runtime import fused_path
 
 H, T, N = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "96:16384:16").split(":"))
-args, ci, co = _inputs(H, T, N)
+args, ci, co = shape_inputs(H, T, N)
 out = torch.empty_like(args["v"])
 if sys.argv[2:] != ["triton"]:
     lib = fused_path.load_fused(Path(kdagen_kernels.__file__).resolve().parent, 128, 128, "sm_90")

@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import kdagen_kernels
-from kdagen.bench import _inputs
+from kdagen.bench import shape_inputs
 from kdagen.runtime import fused_path
 
 SHAPES = [(12, 4096, 1), (12, 65536, 1), (96, 16384, 16)]
@@ -43,7 +43,7 @@ def main() -> None:
     shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:]] or SHAPES
     lib = fused_path.load_fused(PKG, 128, 128, "sm_90")
     for H, T, N in shapes:
-        args, ci, co = _inputs(H, T, N)
+        args, ci, co = shape_inputs(H, T, N)
         out = torch.empty_like(args["v"])
         final = torch.empty(N, H, 128, 128, device="cuda")
 

@@ -16,7 +16,7 @@ import triton
 
 import kdagen_kernels
 from kdagen.autotune import kernel_call
-from kdagen.bench import _inputs
+from kdagen.bench import shape_inputs
 from kdagen.runtime.device import target_of
 
 SHAPES = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16), (12, 65536, 1)]
@@ -38,7 +38,7 @@ def main() -> None:
     target = target_of(torch.device("cuda"))
     base = dict(mod.TUNING[target])
     for H, T, N in shapes:
-        args, ci, co = _inputs(H, T, N)
+        args, ci, co = shape_inputs(H, T, N)
         out = torch.empty_like(args["v"])
         full = triton.testing.do_bench(
             lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out),

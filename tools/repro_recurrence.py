@@ -12,7 +12,7 @@ import torch
 
 import kdagen_kernels
 from kdagen.autotune import kernel_call
-from kdagen.bench import _inputs
+from kdagen.bench import shape_inputs
 
 
 def main() -> None:
@@ -20,7 +20,7 @@ def main() -> None:
     H, T, N = (int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "2:200:2").split(":"))
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name.endswith("bf16__k128_v128_c64"))
     mod = entry.load()
-    args, ci, co = _inputs(H, T, N)
+    args, ci, co = shape_inputs(H, T, N)
     ref_o, _ = kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co)
     tun = {**mod.TUNING["sm_90"], "recurrence_warps": warps, "recurrence_stages": stages, "block_v": bv}
     out = torch.full_like(args["v"], float("nan"))

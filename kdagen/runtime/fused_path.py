@@ -2,10 +2,10 @@
 """Launches of the fused HIP path (templates/hip/): workspace, the launchers' arguments by name
 (kdagen/kernels/hip.py), stream.
 
-Not wired into dispatch.py yet: the dispatcher will call `load_fused` + `run_fused` once the H200 has
-proven the path (tools/h200_fused_check.py). The caller checks the seed's contract first
-(validate.check_inputs); `run_fused` re-checks only what the kernels themselves rely on, so that a
-mistake is an exception here and never an out-of-bounds access on the device.
+A plan on the fused path (runtime/plan.py) calls `run_fused` once per run, after validate.py has checked
+vLLM's op's contract; `run_fused` re-checks only what the kernels themselves rely on, so that a mistake is
+an exception here and never an out-of-bounds access on the device. It still allocates its workspace per
+call (the fused path's redesign will move it into the plan).
 """
 
 from __future__ import annotations

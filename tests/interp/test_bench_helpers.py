@@ -119,7 +119,7 @@ def test_run_bench_times_flashkda_beside_ours_with_errors_and_ratios(monkeypatch
     def flashkda(args, ci, co, out):
         return _Timed(flashkda_maker(_flashkda_fwd_float64([]))(args, ci, co, out), 2.5)
 
-    monkeypatch.setattr(bench, "_impls", lambda: {"kdagen-triton": ours, "flashkda": flashkda})
+    monkeypatch.setattr(bench, "implementations", lambda: {"kdagen-triton": ours, "flashkda": flashkda})
     monkeypatch.setattr(bench, "_inputs", lambda H, T, N, seed=0: make_inputs(H, equal_lens(T, N), seed=seed,
                                                                               device="cpu"))
     monkeypatch.setattr(bench, "CHECK_SHAPE", (2, 40, 2))

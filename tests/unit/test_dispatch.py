@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The generated chunk_kda_prefill: the seed's signature and contract, dispatch decisions and errors.
+"""The generated chunk_kda_prefill: vLLM's op's signature and contract, dispatch decisions and errors.
 
 Errors are raised before any kernel runs, so these tests need neither a GPU nor the interpreter.
 """

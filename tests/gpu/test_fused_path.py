@@ -283,7 +283,7 @@ def test_out_none_writes_into_a_contiguous_v(fused_runs):
     args = make_inputs([300, 77], H, 128, 128, BF16, DEV, seed=38)
     o_given, s_given = _fused(fused_runs, args, out=poisoned_out(args["v"]))  # v intact
     v = args["v"]
-    o, s = _fused(fused_runs, args)  # as the seed: the result lands in v (v is dead after the prologue)
+    o, s = _fused(fused_runs, args)  # as vLLM's op: the result lands in v (v is dead after the prologue)
     assert o.data_ptr() == v.data_ptr()
     assert torch.equal(o, o_given) and torch.equal(s, s_given)
 

@@ -247,7 +247,7 @@ def test_out_none_writes_into_a_contiguous_v(on_sm90, monkeypatch):
     args = _args()
     v = args["v"]
     o, _ = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True)
-    assert o.data_ptr() == v.data_ptr() and bool((v == 0.25).all())  # as the seed: v is dead by then
+    assert o.data_ptr() == v.data_ptr() and bool((v == 0.25).all())  # as vLLM's op: v is dead by then
 
 
 def test_out_none_with_a_strided_v_allocates(on_sm90, monkeypatch):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import kdagen_kernels
+from kdagen.runtime import dispatch
 from kdagen.reference import chunk_kda_prefill_reference
 from kdagen.runtime import metadata as md
 from tests.kda_cases import make_inputs, poisoned_out
@@ -180,6 +181,7 @@ def test_caller_built_chunk_metadata_is_used(monkeypatch):
     o2, s2 = kdagen_kernels.chunk_kda_prefill(**args, out=poisoned_out(args["v"]))
     ci, co = kdagen_kernels.prepare_chunk_metadata_device(args["cu_seqlens"], args["cu_seqlens"], e.chunk_size)
     _forbid_metadata_builders(monkeypatch)
+    dispatch.clear_plans()  # the wrapper would reuse the first call's plan (Note [Plan cache])
     with pytest.raises(AssertionError, match="built chunk metadata"):  # the guard works
         kdagen_kernels.chunk_kda_prefill(**args, out=poisoned_out(args["v"]))
     o1, s1 = kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=poisoned_out(args["v"]))

@@ -120,7 +120,7 @@ def test_run_bench_times_flashkda_beside_ours_with_errors_and_ratios(monkeypatch
         return _Timed(flashkda_maker(_flashkda_fwd_float64([]))(args, ci, co, out), 2.5)
 
     monkeypatch.setattr(bench, "implementations", lambda: {"kdagen-triton": ours, "flashkda": flashkda})
-    monkeypatch.setattr(bench, "_inputs", lambda H, T, N, seed=0: make_inputs(H, equal_lens(T, N), seed=seed,
+    monkeypatch.setattr(bench, "shape_inputs", lambda H, T, N, seed=0: make_inputs(H, equal_lens(T, N), seed=seed,
                                                                               device="cpu"))
     monkeypatch.setattr(bench, "CHECK_SHAPE", (2, 40, 2))
     monkeypatch.setattr(bench, "REF_MAX_TOKEN_HEADS", 100)  # the second shape takes the check shape's errors

@@ -24,7 +24,6 @@ from types import ModuleType
 import torch
 
 from . import debug_checks, fused_path
-from .device import target_of
 from .jit_hip import HipLibrary
 from .registry import VariantEntry
 from .triton_path import TritonProgram, recurrence_groups, tuning_for, workspace_layout
@@ -325,7 +324,3 @@ def _dense_rows(t: torch.Tensor | None, p: Problem) -> torch.Tensor | None:
     if t is None or t.stride()[1:] == (p.V * p.K, p.K, 1):
         return t
     return t.contiguous()
-
-
-def device_target(device: torch.device) -> str:
-    return target_of(device)

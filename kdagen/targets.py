@@ -32,6 +32,11 @@ class Target:
     # tensor cores. CDNA has fp32 MFMA.
     triton_fp32_dot: str
     triton_refused: tuple[RefusedConfig, ...] = ()
+    # AMD compute-unit facts for occupancy read off code objects (kdagen/amdgcn.py); 0 on NVIDIA.
+    lds_per_cu: int = 0  # bytes of LDS one CU shares among its workgroups
+    simds_per_cu: int = 0
+    vgprs_per_simd_lane: int = 0  # the unified VGPR + AGPR file per lane
+    max_waves_per_simd: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,11 +88,13 @@ TARGETS: dict[str, Target] = {
         name="gfx942", vendor="amd", triton_backend="hip", triton_arch="gfx942", warp_size=64,
         smem_per_block=64 * 1024, hip_v_slice=32, triton_fp32_dot="ieee",
         hip_mma_layer=2, hip_mma_insn="v_mfma_f32_16x16x16_bf16, wave 64",
+        lds_per_cu=64 * 1024, simds_per_cu=4, vgprs_per_simd_lane=512, max_waves_per_simd=8,
     ),
     "gfx950": Target(
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
         smem_per_block=160 * 1024, hip_v_slice=64, triton_fp32_dot="ieee",
         hip_mma_layer=3, hip_mma_insn="v_mfma_f32_16x16x32_bf16, wave 64",
+        lds_per_cu=160 * 1024, simds_per_cu=4, vgprs_per_simd_lane=512, max_waves_per_simd=8,
     ),
     "sm_90": Target(
         name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
@@ -97,6 +104,11 @@ TARGETS: dict[str, Target] = {
 }
 
 BACKENDS: tuple[str, ...] = ("triton", "hip")
+
+# The occupancy budget of every AMD kernel, Triton and HIP alike (the AOT tests enforce it on the code
+# objects): at least this many waves per SIMD, so one wave's memory latency hides behind another's work,
+# and no scratch. Nothing here can time an AMD GPU, so this is the budget that stands in for a timing.
+AMD_MIN_WAVES_PER_SIMD = 2
 
 # ---- the fused HIP backend (templates/hip/): what its kernels can do, per target facts above.
 # The prologue tiles the head dims by HIP_COLUMN_TILE columns, the recurrence gives each block

@@ -18,8 +18,8 @@ PINS = (TORCH, "triton==3.7.1")
 # (kdagen/runtime/interpreter_compat.py), so CI runs the interpreter numerics under both, each in its own
 # venv (the `tests` venv keeps the pinned release).
 EDGE_TRITONS = ("3.6.0", "3.9.0")
-# A handful of interpreter numerics for `quick`: the smallest variant end to end, caller metadata, the
-# state cache and the grouped walk.
+# A handful of interpreter numerics for `quick` and the edge tritons: the smallest variant end to end,
+# caller metadata, the state cache and the grouped walk (all four Triton kernels).
 QUICK_NUMERICS = (
     "tests/interp/test_triton_numerics.py::test_adversarial_regime_small",
     "tests/interp/test_triton_numerics.py::test_caller_built_chunk_metadata_is_used",
@@ -84,9 +84,12 @@ def tests(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("triton", EDGE_TRITONS, ids=[f"triton{v}" for v in EDGE_TRITONS])
 def tests_triton_edge(session: nox.Session, triton: str) -> None:
-    """The interpreter numerics and metadata under the oldest and the newest supported triton."""
+    """Every kernel through the interpreter, and the metadata, under the oldest and the newest supported
+    triton: what their interpreter patches (kdagen/runtime/interpreter_compat.py) must keep working. The
+    whole numerics suite runs once, in `tests` (the pinned triton); repeating it here cost CI about 5 of its
+    30 minutes."""
     _install(session, "test", pins=(TORCH, f"triton=={triton}"))
-    _pytest(session, "tests/interp/test_triton_numerics.py", "tests/interp/test_metadata.py", interpret=True)
+    _pytest(session, *QUICK_NUMERICS, "tests/interp/test_metadata.py", interpret=True)
 
 
 @nox.session(venv_backend="none")

@@ -33,9 +33,9 @@ EMULATED = "worst over tests/build/test_hip_emulated.py, all four layers (2026-1
 H200_GROUPS = "H200, tests/gpu group counts with a state cache (docs/perf-notes.md section 14, 2026-11-30)"
 H200_ADVERSARIAL = ("H200, Triton output on near-duplicate keys, beta 0.95 (perf-notes section 15 ablation base); "
                     "the final state is not recorded")
-FUSED_STANDIN = ("stand-in: the sm_90 layer's CPU emulation (perf-notes section 7); no per-quantity H200 error is "
-                 "recorded, the H200 runs pass at 1e-2")
-FP16_STANDIN = "stand-in: the bf16 measurement (no fp16 error on the H200 recorded; fp16 rounds 8x finer)"
+# KDAGEN_TOLERANCE_LOG over tests/gpu with KDAGEN_GPU_FUZZ_EXAMPLES=10 (the run stopped at its 260 s limit,
+# in test_gpu_numerics, after the fused, fuzz and checkpoint files); triton 3.6, torch 2.11.
+H200_LOG = "H200, tests/gpu tolerance log, 10 fuzz examples (2026-12-01, commit 7b6e439)"
 
 
 @dataclass(frozen=True)
@@ -61,21 +61,21 @@ TOLERANCES: dict[Key, Tolerance] = {
     ("triton-interp", "bf16", "checkpoint_vs_cut_grouped"): Tolerance(
         9.7e-8, 10.0, "tests/interp/test_checkpoints.py, triton 3.7.1 interpreter (2026-12-01)"),
     # ---- the H200 (tests/gpu) -----------------------------------------------------------------------
-    ("triton-gpu", "bf16", "output"): Tolerance(4.03e-3, 2.5, H200_GROUPS),
+    ("triton-gpu", "bf16", "output"): Tolerance(4.13e-3, 2.5, H200_LOG + ", the K = V = 64 variant"),
     ("triton-gpu", "bf16", "final_state"): Tolerance(2.94e-3, 3.4, H200_GROUPS),
-    ("triton-gpu", "fp16", "output"): Tolerance(4.03e-3, 2.5, FP16_STANDIN),
-    ("triton-gpu", "fp16", "final_state"): Tolerance(2.94e-3, 3.4, FP16_STANDIN),
-    ("triton-gpu", "bf16", "adversarial"): Tolerance(4.04e-3, 12.4, H200_ADVERSARIAL),
+    # fp16 only in the fuzz so far: margins wider than bf16's for the cases 10 examples did not reach.
+    ("triton-gpu", "fp16", "output"): Tolerance(2.61e-3, 3.0, H200_LOG),
+    ("triton-gpu", "fp16", "final_state"): Tolerance(3.63e-4, 5.0, H200_LOG),
+    ("triton-gpu", "bf16", "adversarial"): Tolerance(2.46e-2, 2.0, H200_LOG + "; " + H200_ADVERSARIAL),
     # Our error over FLA's on the same inputs (final state 2.74e-3 vs 2.77e-3, output 3.98e-3 vs 4.08e-3).
     # Only with an explicit group count: a plan that checkpoints walks as one group by default.
     ("triton-gpu", "bf16", "checkpoint_vs_cut_grouped"): Tolerance(
         1.28e-3, 2.0, "H200, tests/gpu/test_triton_checkpoints.py, G = 2..8, K = 128 V = 256 (2026-12-01)"),
     ("triton-gpu", "bf16", "ratio_to_fla"): Tolerance(0.99, 1.5, "H200, bench check (perf-notes section 13)"),
-    ("fused-gpu", "bf16", "output"): Tolerance(3.5e-3, 2.9, FUSED_STANDIN),
-    ("fused-gpu", "bf16", "final_state"): Tolerance(1.3e-3, 7.7, FUSED_STANDIN),
-    ("fused-gpu", "bf16", "adversarial"): Tolerance(4.04e-3, 12.4, "stand-in: " + H200_ADVERSARIAL),
-    # Fused vs Triton outputs and states: not measured; each is ~4e-3 from the reference, so at most ~8e-3.
-    ("fused-gpu", "bf16", "vs_triton"): Tolerance(8.0e-3, 2.5, "stand-in: the sum of both paths' H200 errors"),
+    ("fused-gpu", "bf16", "output"): Tolerance(3.72e-3, 2.9, H200_LOG),
+    ("fused-gpu", "bf16", "final_state"): Tolerance(2.79e-3, 3.6, H200_LOG),
+    ("fused-gpu", "bf16", "adversarial"): Tolerance(2.47e-2, 2.0, H200_LOG),
+    ("fused-gpu", "bf16", "vs_triton"): Tolerance(4.96e-3, 4.0, H200_LOG),
     ("fused-gpu", "bf16", "vs_one_group"): Tolerance(1.1e-3, 4.5, "H200, final state at G = 2..32 vs G = 1 "
                                                                   "(2026-11-30, commit c137451)"),
     # ---- the HIP sources in the CPU emulation (tests/build) -----------------------------------------

@@ -18,8 +18,11 @@ from kdagen.targets import TARGETS
 @dataclass(frozen=True)
 class KernelResources:
     name: str
-    vgprs: int
-    agprs: int
+    vgprs: int  # architectural VGPRs (LLVM's "; NumVgprs:")
+    agprs: int  # accumulation VGPRs (MFMA results on gfx90a and later)
+    # VGPRs + AGPRs as allocated from the unified file: the metadata's vgpr_count, which on gfx90a and later is
+    # already align(vgprs, 4) + agprs (LLVM's NumVGPRsForWavesPerEU), so never add agprs to it again.
+    unified_vgprs: int
     sgprs: int
     vgpr_spills: int
     sgpr_spills: int
@@ -27,6 +30,7 @@ class KernelResources:
     lds: int  # static group segment bytes per workgroup
     llvm_occupancy: int | None  # LLVM's "; Occupancy:" (waves per SIMD from registers and static LDS)
     mfma: int  # v_mfma instructions in the body (static count)
+    mfma_insns: frozenset[str]  # the distinct v_mfma mnemonics among them
     lds_reads: int  # ds_read* / ds_load* instructions in the body (static count)
     insns: int
 
@@ -69,12 +73,16 @@ def read_kernels(asm: str) -> dict[str, KernelResources]:
     for name, f in meta.items():
         body = bodies.get(name, "")
         occ = re.search(r";\s*Occupancy:\s*(\d+)", body)
+        mfma = re.findall(r"^\s+(v_mfma\w*)", body, re.M)
+        arch = re.search(r";\s*NumVgprs:\s*(\d+)", body)
+        unified, agprs = f.get("vgpr_count", 0), f.get("agpr_count", 0)
         out[name] = KernelResources(
-            name=name, vgprs=f.get("vgpr_count", 0), agprs=f.get("agpr_count", 0), sgprs=f.get("sgpr_count", 0),
+            name=name, vgprs=int(arch[1]) if arch else unified - agprs, agprs=agprs, unified_vgprs=unified,
+            sgprs=f.get("sgpr_count", 0),
             vgpr_spills=f.get("vgpr_spill_count", 0), sgpr_spills=f.get("sgpr_spill_count", 0),
             scratch=f.get("private_segment_fixed_size", 0), lds=f.get("group_segment_fixed_size", 0),
             llvm_occupancy=int(occ[1]) if occ else None,
-            mfma=len(re.findall(r"^\s+v_mfma\w*", body, re.M)),
+            mfma=len(mfma), mfma_insns=frozenset(mfma),
             lds_reads=len(re.findall(r"^\s+ds_(?:read|load)\w*", body, re.M)),
             insns=sum(1 for line in body.splitlines() if re.match(r"\s+[a-z][a-z0-9_]*(\s|$)", line)))
     return out
@@ -90,7 +98,7 @@ def waves_per_simd(res: KernelResources, target: str, threads: int, dynamic_lds:
     groups = t.lds_per_cu // lds if lds else t.max_waves_per_simd * t.simds_per_cu
     by_lds = groups * waves_per_group // t.simds_per_cu
     # Registers: the unified VGPR + AGPR file, allocated in granules of 8 per lane.
-    regs = -(-(res.vgprs + res.agprs) // 8) * 8 if res.agprs else -(-res.vgprs // 8) * 8
+    regs = -(-res.unified_vgprs // 8) * 8
     by_regs = t.vgprs_per_simd_lane // max(regs, 8)
     waves = min(by_lds, by_regs, t.max_waves_per_simd)
     if res.llvm_occupancy is not None:

@@ -22,7 +22,12 @@ class Target:
     triton_arch: str | int
     warp_size: int
     smem_per_block: int  # bytes a single block/workgroup may use
-    hip_v_slice: int  # V rows per fused recurrence block (multiple of 16; bounded by the block's LDS)
+    # V rows per fused recurrence block (multiple of 16). The matrix-layer recurrence keeps
+    # hip_v_slice (K + 64) + 64 K bf16 in LDS (templates/hip/include/kda_recurrence.h), so on AMD the slice
+    # is bounded by AMD_MIN_WAVES_PER_SIMD: two 256-thread blocks per CU must fit lds_per_cu (gfx942: 32
+    # rows, 31.5 KiB at K = 128; 64 would be 44.5 KiB). A larger slice re-reads the chunk's workspace fewer
+    # times (V / slice blocks per head).
+    hip_v_slice: int
     # The fused kernels' matrix layer (templates/hip/include/kda_mma.h KDA_MMA_LAYER: 0 FMA fallback,
     # 1 sm_90 mma.sync, 2 gfx942 MFMA, 3 gfx950 MFMA) and its instruction, for the generated comments.
     hip_mma_layer: int

@@ -18,7 +18,7 @@ from kdagen.kernels import metadata as metadata_kernels
 from kdagen.render.env import RenderError, torch_dtype, triton_dtype
 from kdagen.spec.model import OpSpec, VariantSpec
 from kdagen.targets import (
-    HIP_ABI, HIP_COLUMN_TILE, HIP_FMA_V_SLICE, HIP_THREADS, SUB_CHUNK, TARGETS, next_pow2,
+    AMD_MIN_WAVES_PER_SIMD, HIP_ABI, HIP_COLUMN_TILE, HIP_FMA_V_SLICE, HIP_THREADS, SUB_CHUNK, TARGETS, next_pow2,
 )
 
 # backend -> (template, output path relative to generated/kdagen_kernels/ with {name} = VariantSpec.name)
@@ -151,6 +151,7 @@ def hip_context(v: VariantSpec, target: str, stamp: str) -> dict[str, Any]:
         "BVS": TARGETS[target].hip_v_slice,
         "BVS_FMA": HIP_FMA_V_SLICE,
         "THREADS": HIP_THREADS,
+        "amd_min_waves": AMD_MIN_WAVES_PER_SIMD,
         "abi_version": HIP_ABI,
         "abi": hip_kernels.LAUNCHERS,
         "c_packing": hip_kernels.c_packing,

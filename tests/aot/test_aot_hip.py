@@ -3,8 +3,10 @@
 (device only, no ROCm install: -nogpulib -nogpuinc -DKDA_DEVICE_ONLY) and nvcc for sm_90.
 
 Checks per kernel: no scratch and no spills, LDS (group segment) within the target's budget from
-kdagen/targets.py; on sm_90 the ptxas report (registers, spills) and the shared-memory structs'
-sizes within the budget. Prints one line per kernel. Skips with a reason when a compiler is missing.
+kdagen/targets.py, and on AMD the occupancy budget: at least AMD_MIN_WAVES_PER_SIMD waves per SIMD
+(kdagen/amdgcn.py waves_per_simd: LLVM's "; Occupancy:", the unified VGPR+AGPR file and the static LDS, for
+the kernels' HIP_THREADS-thread workgroups); on sm_90 the ptxas report (registers, spills). Prints one line
+per kernel. Skips with a reason when a compiler is missing.
 
 Each source is built twice: with its target's matrix layer (templates/hip/include/kda_mma.h; both
 kernels, prologue and recurrence, must then contain the matrix instruction (the group scan kernel is
@@ -24,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from kdagen.targets import TARGETS
+from kdagen.amdgcn import read_kernels, waves_per_simd
+from kdagen.targets import AMD_MIN_WAVES_PER_SIMD, HIP_THREADS, TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
 HIP_DIR = ROOT / "generated" / "kdagen_kernels" / "hip"
@@ -52,32 +55,12 @@ def _layer_flags(layer: str) -> list[str]:
     return ["-DKDA_MMA_LAYER=0"] if layer == "fma" else []
 
 
-def _amd_bodies(asm: str) -> dict[str, str]:
-    """Per kernel symbol, the text of its function body (label to .Lfunc_end)."""
-    return {m[1]: m[2] for m in re.finditer(r"^(_Z\w+):[^\n]*\n(.*?)^\.Lfunc_end", asm, re.S | re.M)}
-
-
-def _count_insns(body: str) -> int:
-    return sum(1 for line in body.splitlines() if re.match(r"\s+[a-z][a-z0-9_]*(\s|$)", line))
-
-
 def _target(src: Path) -> str:
     return src.stem.rsplit("__", 1)[1]
 
 
-def _amd_kernels(asm: str) -> dict[str, dict[str, int]]:
-    """Per kernel, the AMDGPU metadata fields we check, from the .s file's amdhsa.kernels block."""
-    out: dict[str, dict[str, int]] = {}
-    meta = asm.split("amdhsa.kernels:", 1)[1]
-    for block in re.split(r"\n  - ", meta)[1:]:
-        name = re.search(r"\.name:\s+(\S+)", block)
-        if not name or name[1].endswith(".kd"):
-            continue
-        fields = {k: int(v) for k, v in re.findall(
-            r"\.(group_segment_fixed_size|private_segment_fixed_size|vgpr_count|vgpr_spill_count|"
-            r"sgpr_spill_count|agpr_count):\s+(\d+)", block)}
-        out[name[1]] = fields
-    return out
+def _short(kernel: str) -> str:
+    return next(k for k in ("prologue", "recurrence", "group_scan") if k in kernel)
 
 
 AMD = [s for s in SOURCES if TARGETS[_target(s)].vendor == "amd"]
@@ -99,32 +82,31 @@ def test_amd_compile(src, layer, tmp_path, capsys):
            "-o", str(asm), str(src)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    text = asm.read_text()
-    kernels = _amd_kernels(text)
-    bodies = _amd_bodies(text)
-    assert {k for k in bodies} >= set(kernels), (list(bodies), list(kernels))
-    mfma = {name: len(re.findall(r"\bv_mfma\w*", body)) for name, body in bodies.items()}
+    kernels = read_kernels(asm.read_text())
     want = AMD_MFMA[target]
-    for name, body in bodies.items():
+    for name, k in kernels.items():
         if "group_scan" in name:  # fp32 on purpose: S_in[g] M_g + B_g composes states exactly in fp32
-            assert mfma[name] == 0, f"{name}: unexpected MFMA"
+            assert k.mfma == 0, f"{name}: unexpected MFMA"
         elif layer == "mma":  # the prologue's Akk/Aqk and w/u, the recurrence's four products
-            assert want in body, f"{name}: no {want} on {target}"
+            assert k.mfma_insns == {want}, f"{name}: {sorted(k.mfma_insns)}, not {want}, on {target}"
         else:
-            assert mfma[name] == 0, f"{name}: unexpected MFMA with layer {layer}"
-    assert {k.split("kda_")[-1].split("_kernel")[0] for k in kernels} >= {"prologue", "recurrence"}, list(kernels)
-    budget = TARGETS[target].smem_per_block
+            assert k.mfma == 0, f"{name}: unexpected MFMA with layer {layer}"
+    assert {_short(n) for n in kernels} == {"prologue", "recurrence", "group_scan"}, list(kernels)
+    t = TARGETS[target]
+    waves = {name: waves_per_simd(k, target, threads=HIP_THREADS) for name, k in kernels.items()}
     with capsys.disabled():
-        for name, f in kernels.items():
-            short = next(k for k in ("prologue", "recurrence", "group_scan") if k in name)
-            print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target} {layer}: lds={f['group_segment_fixed_size']} "
-                  f"vgpr={f.get('vgpr_count')} agpr={f.get('agpr_count')} scratch={f['private_segment_fixed_size']} "
-                  f"vgpr_spill={f['vgpr_spill_count']} sgpr_spill={f['sgpr_spill_count']} "
-                  f"insns={_count_insns(bodies[name])} mfma={mfma[name]}", end="")
-    for name, f in kernels.items():
-        assert f["private_segment_fixed_size"] == 0, f"{name}: scratch on {target}"
-        assert f["vgpr_spill_count"] == 0 and f["sgpr_spill_count"] == 0, f"{name}: spills on {target}"
-        assert f["group_segment_fixed_size"] <= budget, f"{name}: {f['group_segment_fixed_size']} B LDS > {budget}"
+        for name, k in kernels.items():
+            print(f"\n  {src.stem.split('__')[-2]:14s} {_short(name):10s} {target} {layer}: vgpr={k.vgprs} "
+                  f"agpr={k.agprs} sgpr={k.sgprs} lds={k.lds} waves/simd={waves[name]} (llvm {k.llvm_occupancy}) "
+                  f"mfma={k.mfma} lds_reads={k.lds_reads} scratch={k.scratch} spills={k.spills} insns={k.insns}",
+                  end="")
+    for name, k in kernels.items():
+        assert k.scratch == 0, f"{name}: {k.scratch} B of scratch on {target}"
+        assert k.spills == 0, f"{name}: {k.vgpr_spills} VGPR and {k.sgpr_spills} SGPR spills on {target}"
+        assert k.lds <= t.smem_per_block, f"{name}: {k.lds} B LDS > {t.smem_per_block} on {target}"
+        assert waves[name] >= AMD_MIN_WAVES_PER_SIMD, (
+            f"{name}: {waves[name]} waves per SIMD on {target} (budget {AMD_MIN_WAVES_PER_SIMD}): "
+            f"{k.unified_vgprs} VGPR+AGPR, {k.lds} B LDS, LLVM occupancy {k.llvm_occupancy}")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit or `pip install nvidia-cuda-nvcc`; or set KDAGEN_NVCC)")

@@ -35,6 +35,11 @@ __device__ __forceinline__ float kda_shfl_xor(float v, int m) { return __shfl_xo
 
 #else
 // ------------------------------------------------------------------------------------------ AMD
+// Every kernel asks the compiler to leave room for this many waves per SIMD (registers at most 512 / it
+// per lane): the budget of kdagen/targets.py AMD_MIN_WAVES_PER_SIMD, rendered by the instantiation.
+#ifndef KDA_AMD_MIN_WAVES_PER_EU
+#define KDA_AMD_MIN_WAVES_PER_EU 1
+#endif
 #if defined(KDA_DEVICE_ONLY)
 // No HIP headers (-nogpuinc): the handful of HIP names the kernels use, from clang builtins.
 #define __global__ __attribute__((global))
@@ -60,7 +65,8 @@ __device__ __forceinline__ void __syncthreads() {
   __builtin_amdgcn_s_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
-#define KDA_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#define KDA_LAUNCH_BOUNDS(n) \
+  __attribute__((amdgpu_flat_work_group_size(1, n), amdgpu_waves_per_eu(KDA_AMD_MIN_WAVES_PER_EU)))
 typedef void* kdaStream_t;
 #else
 #include <hip/hip_runtime.h>
@@ -71,7 +77,8 @@ typedef hipError_t kdaError_t;
 #define kdaGetErrorString hipGetErrorString
 #define kdaErrorInvalidValue hipErrorInvalidValue
 #define kdaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
-#define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+// HIP's second __launch_bounds__ argument is the minimum waves per EU (SIMD): amdgpu_waves_per_eu.
+#define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n, KDA_AMD_MIN_WAVES_PER_EU)
 #endif
 #define KDA_WARP 64
 // LDS is static on AMD so that the code object's group segment shows the real figure.

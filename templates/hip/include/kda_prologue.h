@@ -22,24 +22,48 @@ struct PrologueArgs {
 // bf16 operand tiles of the matrix layer: rows padded by 8 bf16 (16-byte aligned rows, k contiguous).
 constexpr int PLDK = DK + 8, PLDT = BT + 8;
 
+// Shared memory by phase: (1) per column tile, G, Kt and Q (and, matrix layer, KC) for Aqk/Akk; (2) A from
+// their accumulators; (3) the inverse reads A and writes T; (4) per column tile, G, Kt and the right operand
+// of w/u (FMA: in Kt's place; matrix layer: XT) with T. A is live only in (2)-(3), when no column tile is,
+// so it shares their space; T sits past G, Kt (and XT), so that it neither overlaps A while the inverse
+// writes it nor the tiles while (4) reads it. That keeps a block under 32 KiB (two blocks per gfx942 CU:
+// kdagen/targets.py AMD_MIN_WAVES_PER_SIMD).
 struct alignas(16) PrologueSmem {
-  float G[BT][DK + 1];     // log2 cumulative gate of the current column tile
   union {
-    float Q[BT][DK + 1];   // normalised q tile; later (FMA) beta * k * exp2(G) or beta * v
-    kda_bf16 XT[DK][PLDT]; // (matrix layer, w/u) the same, bf16 and transposed: XT[d][s]
-  };
-  float Kt[BT][DK + 1];    // normalised k tile
-  union {
-    float A[BT][BT + 1];   // beta_t * Akk[t, s], s < t
-    kda_bf16 TB[BT][PLDT]; // (matrix layer, w/u) bf16 copy of T
-  };
-  union {
-    float T[BT][BT + 1];   // (I + A)^-1
-    kda_bf16 KC[BT][PLDK]; // (matrix layer, Akk/Aqk) k_s exp2(E_j - G_s), E_j = G at row 16 j + 15, j = s / 16
+    struct {
+      float G[BT][DK + 1];   // log2 cumulative gate of the current column tile
+      float Kt[BT][DK + 1];  // normalised k tile; (FMA, phase 4) then beta k exp2(G) or beta v
+      union {
+        struct {                        // phase 1
+          float Q[BT][DK + 1];          // normalised q tile
+#if KDA_MMA_LAYER != KDA_LAYER_FMA
+          kda_bf16 KC[BT - 16][PLDK];   // k_s exp2(E_j - G_s), E_j = G at row 16 j + 15, j = s / 16
+#endif
+        } qk;
+        struct {                        // phases 3-4
+#if KDA_MMA_LAYER == KDA_LAYER_FMA
+          // (I + A)^-1, lower triangle by rows: T[t][s] at t (t + 1) / 2 + s; then one slot per column
+          // for the inverse's stores above the diagonal (see there)
+          float T[BT * (BT + 1) / 2 + BT];
+#else
+          kda_bf16 XT[DK][PLDT];        // beta k exp2(G) or beta v, bf16 and transposed: XT[d][s]
+          kda_bf16 TB[BT][PLDT];        // (I + A)^-1 in bf16
+#endif
+        } wu;
+      };
+    } tile;                  // one column tile of the chunk (load_tile)
+    float A[BT][BT + 1];     // phases 2-3: beta_t * Akk[t, s], s < t
   };
   float beta[BT], rq[BT], rk[BT];
   float GL[DK];            // G at the chunk's last valid row (rows past it carry g = 0)
 };
+#if KDA_MMA_LAYER == KDA_LAYER_FMA
+static_assert(offsetof(PrologueSmem, tile.wu.T) >= sizeof(PrologueSmem::A),
+              "T (written by the inverse) must not overlap A (read by it)");
+#else
+static_assert(offsetof(PrologueSmem, tile.wu.TB) >= sizeof(PrologueSmem::A),
+              "TB (written by the inverse) must not overlap A (read by it)");
+#endif
 
 __device__ __forceinline__ float gate(float z, float a, const PrologueArgs& p) {
   if (p.lower_bound_gate) return p.lower_bound * kda_sigmoid(a * z);
@@ -63,16 +87,16 @@ __device__ __forceinline__ void load_tile(PrologueSmem& s, const PrologueArgs& p
       kv = bf(p.k[tok * p.sk_t + h * p.sk_h + col]) * s.rk[r];
       if (want_q) qv = bf(p.q[tok * p.sq_t + h * p.sq_h + col]) * s.rq[r];
     }
-    s.G[r][d] = gv;
-    s.Kt[r][d] = kv;
-    if (want_q) s.Q[r][d] = qv;
+    s.tile.G[r][d] = gv;
+    s.tile.Kt[r][d] = kv;
+    if (want_q) s.tile.qk.Q[r][d] = qv;
   }
   __syncthreads();
   if (tid < DK) {
     float acc = 0.f;
     for (int r = 0; r < BT; ++r) {
-      acc += s.G[r][tid];
-      s.G[r][tid] = acc;
+      acc += s.tile.G[r][tid];
+      s.tile.G[r][tid] = acc;
     }
     s.GL[tid] = acc;  // g = 0 past the last valid row, so this is G at row L - 1
   }
@@ -141,9 +165,9 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
       const int r = idx / DK, d = idx % DK;
       if (r < L) {
         const int64_t o = ((t0 + r) * p.H + h) * K + kt * DK + d;
-        const float Gv = s.G[r][d];
-        p.qg[o] = kda_f32_to_bf16(s.Q[r][d] * kda_exp2(Gv));
-        p.kg[o] = kda_f32_to_bf16(s.Kt[r][d] * kda_exp2(s.GL[d] - Gv));
+        const float Gv = s.tile.G[r][d];
+        p.qg[o] = kda_f32_to_bf16(s.tile.qk.Q[r][d] * kda_exp2(Gv));
+        p.kg[o] = kda_f32_to_bf16(s.tile.Kt[r][d] * kda_exp2(s.GL[d] - Gv));
       }
     }
     if (tid < DK) p.decay[(c * p.H + h) * K + kt * DK + tid] = kda_exp2(s.GL[tid]);
@@ -154,9 +178,9 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
       float aq = accq[j], ak = acck[j];
       for (int d = 0; d < DK; ++d) {
         // s <= t: G_t <= G_s, so the factor is exact and <= 1 whatever the gate.
-        const float kd = s.Kt[u][d] * kda_exp2(s.G[t][d] - s.G[u][d]);
-        aq += s.Q[t][d] * kd;
-        ak += s.Kt[t][d] * kd;
+        const float kd = s.tile.Kt[u][d] * kda_exp2(s.tile.G[t][d] - s.tile.G[u][d]);
+        aq += s.tile.qk.Q[t][d] * kd;
+        ak += s.tile.Kt[t][d] * kd;
       }
       accq[j] = aq;
       acck[j] = ak;
@@ -223,16 +247,16 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
       const int r = idx / DK, d = idx % DK;
       if (r < L) {
         const int64_t o = ((t0 + r) * p.H + h) * K + kt * DK + d;
-        const float Gv = s.G[r][d];
-        p.qg[o] = kda_f32_to_bf16(s.Q[r][d] * kda_exp2(Gv));
-        p.kg[o] = kda_f32_to_bf16(s.Kt[r][d] * kda_exp2(s.GL[d] - Gv));
+        const float Gv = s.tile.G[r][d];
+        p.qg[o] = kda_f32_to_bf16(s.tile.qk.Q[r][d] * kda_exp2(Gv));
+        p.kg[o] = kda_f32_to_bf16(s.tile.Kt[r][d] * kda_exp2(s.GL[d] - Gv));
       }
     }
     if (tid < DK) p.decay[(c * p.H + h) * K + kt * DK + tid] = kda_exp2(s.GL[tid]);
     // B operand rows s < BT - 16 (column blocks j < NB - 1)
     for (int idx = tid; idx < (BT - 16) * DK; idx += THREADS) {
       const int r = idx / DK, d = idx % DK;
-      s.KC[r][d] = kda_f32_to_bf16(s.Kt[r][d] * kda_exp2(s.G[r | 15][d] - s.G[r][d]));
+      s.tile.qk.KC[r][d] = kda_f32_to_bf16(s.tile.Kt[r][d] * kda_exp2(s.tile.G[r | 15][d] - s.tile.G[r][d]));
     }
     // diagonal blocks, fp32
 #pragma unroll
@@ -241,9 +265,9 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
       const int t = pt[j], u = ps[j];
       float aq = accq[j], ak = acck[j];
       for (int d = 0; d < DK; ++d) {
-        const float kd = s.Kt[u][d] * kda_exp2(s.G[t][d] - s.G[u][d]);
-        aq += s.Q[t][d] * kd;
-        ak += s.Kt[t][d] * kd;
+        const float kd = s.tile.Kt[u][d] * kda_exp2(s.tile.G[t][d] - s.tile.G[u][d]);
+        aq += s.tile.qk.Q[t][d] * kd;
+        ak += s.tile.Kt[t][d] * kd;
       }
       accq[j] = aq;
       acck[j] = ak;
@@ -257,20 +281,20 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
       for (int kk = 0; kk < DK; kk += KDA_MMA_K) {
         kda_frag_a aq, ak;
         kda_frag_b b;
-        kda_load_b<1, PLDK>(b, &s.KC[16 * j][kk]);  // B[d][s] = KC[16 j + s][kk + d]
+        kda_load_b<1, PLDK>(b, &s.tile.qk.KC[16 * j][kk]);  // B[d][s] = KC[16 j + s][kk + d]
 #pragma unroll
         for (int e = 0; e < KDA_A_ELEMS; ++e) {
           const int t = 16 * i + kda_a_row(e), d = kk + kda_a_col(e);
-          const float f = kda_exp2(s.G[t][d] - s.G[er][d]);
-          aq.x[e] = kda_f32_to_bf16(s.Q[t][d] * f);
-          ak.x[e] = kda_f32_to_bf16(s.Kt[t][d] * f);
+          const float f = kda_exp2(s.tile.G[t][d] - s.tile.G[er][d]);
+          aq.x[e] = kda_f32_to_bf16(s.tile.qk.Q[t][d] * f);
+          ak.x[e] = kda_f32_to_bf16(s.tile.Kt[t][d] * f);
         }
         kda_mma16(mq[jp], aq, b);
         kda_mma16(mk[jp], ak, b);
       }
     }
   }
-  __syncthreads();  // KC (in T's place) no longer read
+  __syncthreads();  // G, Kt, Q and KC (in A's place) no longer read
 #pragma unroll
   for (int j = 0; j < DSLOTS; ++j) {
     if (pt[j] < 0) continue;
@@ -291,19 +315,32 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
   __syncthreads();
 #endif
 
-  // ---- (I + A)^-1 by forward substitution in fp32: one thread per column, the column in registers
+  // ---- (I + A)^-1 by forward substitution in fp32: one thread per column, the column in registers. Each
+  // entry is stored as soon as it is final (stored at the end, the column and the loads of A scheduled
+  // ahead of it overflow 256 VGPRs on gfx942 and spill).
   if (tid < BT) {
     const int cidx = tid;
+    const float(*__restrict__ A)[BT + 1] = s.A;  // (T does not overlap A: static_assert above)
+#if KDA_MMA_LAYER == KDA_LAYER_FMA
+    float* __restrict__ T = s.tile.wu.T;
+#else
+    kda_bf16(*__restrict__ T)[PLDT] = s.tile.wu.TB;
+#endif
     float col[BT];
 #pragma unroll
     for (int t = 0; t < BT; ++t) {
       float acc = t == cidx ? 1.f : 0.f;
 #pragma unroll
-      for (int u = 0; u < t; ++u) acc -= s.A[t][u] * col[u];
+      for (int u = 0; u < t; ++u) acc -= A[t][u] * col[u];
       col[t] = acc;
+#if KDA_MMA_LAYER == KDA_LAYER_FMA
+      // Entries above the diagonal (0, never read) go to this column's spare slot: an unconditional store
+      // (guarded by t >= cidx, ptxas spills).
+      T[t >= cidx ? t * (t + 1) / 2 + cidx : BT * (BT + 1) / 2 + cidx] = acc;
+#else
+      T[t][cidx] = kda_f32_to_bf16(acc);  // (the Triton path rounds T for w/u too; 0 above the diagonal)
+#endif
     }
-#pragma unroll
-    for (int t = 0; t < BT; ++t) s.T[t][cidx] = col[t];
   }
 
 #if KDA_MMA_LAYER == KDA_LAYER_FMA
@@ -313,23 +350,24 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
     __syncthreads();
     if (is_w) {
       load_tile(s, p, kt, t0, L, h, ah, false);
-      for (int idx = tid; idx < BT * DK; idx += THREADS) {
+      for (int idx = tid; idx < BT * DK; idx += THREADS) {  // in place: each entry by its own thread
         const int r = idx / DK, d = idx % DK;
-        s.Q[r][d] = s.beta[r] * s.Kt[r][d] * kda_exp2(s.G[r][d]);
+        s.tile.Kt[r][d] = s.beta[r] * s.tile.Kt[r][d] * kda_exp2(s.tile.G[r][d]);
       }
     } else {
       const int vt = kt - K / DK;
       for (int idx = tid; idx < BT * DK; idx += THREADS) {
         const int r = idx / DK, d = idx % DK;
-        s.Q[r][d] = r < L ? s.beta[r] * bf(p.v[(t0 + r) * p.sv_t + h * p.sv_h + vt * DK + d]) : 0.f;
+        s.tile.Kt[r][d] = r < L ? s.beta[r] * bf(p.v[(t0 + r) * p.sv_t + h * p.sv_h + vt * DK + d]) : 0.f;
       }
     }
     __syncthreads();
     for (int idx = tid; idx < BT * DK; idx += THREADS) {
       const int r = idx / DK, d = idx % DK;
       if (r >= L) continue;
+      const float* Tr = s.tile.wu.T + r * (r + 1) / 2;
       float acc = 0.f;
-      for (int u = 0; u <= r; ++u) acc += s.T[r][u] * s.Q[u][d];
+      for (int u = 0; u <= r; ++u) acc += Tr[u] * s.tile.Kt[u][d];
       if (is_w) p.w[((t0 + r) * p.H + h) * K + kt * DK + d] = kda_f32_to_bf16(acc);
       else p.u[((t0 + r) * p.H + h) * V + (kt - K / DK) * DK + d] = kda_f32_to_bf16(acc);
     }
@@ -339,11 +377,7 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
   // Triton path does for w/u), the right operand bf16 and transposed, XT[d][s]. Jobs: 16 x 16 output
   // tiles (row block i, column tile c) of each column tile; T is lower triangular, so row block i
   // reduces over its first 16 (i + 1) columns (rounded up to KDA_MMA_K; T is exactly 0 above the diagonal).
-  __syncthreads();  // T complete; A no longer read
-  for (int idx = tid; idx < BT * BT; idx += THREADS) {
-    const int r = idx / BT, cc = idx % BT;
-    s.TB[r][cc] = kda_f32_to_bf16(s.T[r][cc]);
-  }
+  // (TB is complete after the loop's first barrier; A is no longer read)
   constexpr int CTN = DK / 16, WJ = NB * CTN, JW = (WJ + NW - 1) / NW;
   for (int kt = 0; kt < K / DK + V / DK; ++kt) {
     const bool is_w = kt < K / DK;
@@ -352,13 +386,14 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
       load_tile(s, p, kt, t0, L, h, ah, false);
       for (int idx = tid; idx < BT * DK; idx += THREADS) {
         const int r = idx % BT, d = idx / BT;
-        s.XT[d][r] = kda_f32_to_bf16(s.beta[r] * s.Kt[r][d] * kda_exp2(s.G[r][d]));
+        s.tile.wu.XT[d][r] = kda_f32_to_bf16(s.beta[r] * s.tile.Kt[r][d] * kda_exp2(s.tile.G[r][d]));
       }
     } else {
       const int vt = kt - K / DK;
       for (int idx = tid; idx < BT * DK; idx += THREADS) {
         const int r = idx % BT, d = idx / BT;
-        s.XT[d][r] = kda_f32_to_bf16(r < L ? s.beta[r] * bf(p.v[(t0 + r) * p.sv_t + h * p.sv_h + vt * DK + d]) : 0.f);
+        const float x = r < L ? s.beta[r] * bf(p.v[(t0 + r) * p.sv_t + h * p.sv_h + vt * DK + d]) : 0.f;
+        s.tile.wu.XT[d][r] = kda_f32_to_bf16(x);
       }
     }
     __syncthreads();
@@ -374,8 +409,8 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_prologue_kernel(PrologueArgs p) {
       for (int kk = 0; kk < kend; kk += KDA_MMA_K) {
         kda_frag_a a;
         kda_frag_b b;
-        kda_load_a<PLDT, 1>(a, &s.TB[16 * i][kk]);   // A[t][s] = T[16 i + t][kk + s]
-        kda_load_b<1, PLDT>(b, &s.XT[16 * ct][kk]);  // B[s][d] = X[kk + s][16 ct + d]
+        kda_load_a<PLDT, 1>(a, &s.tile.wu.TB[16 * i][kk]);   // A[t][s] = T[16 i + t][kk + s]
+        kda_load_b<1, PLDT>(b, &s.tile.wu.XT[16 * ct][kk]);  // B[s][d] = X[kk + s][16 ct + d]
         kda_mma16(acc, a, b);
       }
 #pragma unroll

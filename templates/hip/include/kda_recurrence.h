@@ -72,41 +72,33 @@ __device__ __forceinline__ void end_value(const RecurrenceArgs& p, int64_t n, in
 // 8 bf16 moved as one 16-byte access (every row start here is 16-byte aligned).
 struct alignas(16) kda_v8 { uint32_t x[4]; };
 __device__ __forceinline__ kda_v8 ld8(const kda_bf16* p) { return *reinterpret_cast<const kda_v8*>(p); }
-__device__ __forceinline__ void st8(kda_bf16* p, const kda_v8& v) { *reinterpret_cast<kda_v8*>(p) = v; }
 __device__ __forceinline__ kda_bf16 lane8(const kda_v8& v, int i) {
   return (kda_bf16)((v.x[i >> 1] >> (16 * (i & 1))) & 0xffffu);
 }
-// Zero the elements of columns c0 + i > r (tril mask of aqk row r).
-__device__ __forceinline__ void keep_tril(kda_v8& v, int c0, int r) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    v.x[i] &= (c0 + 2 * i <= r ? 0xffffu : 0u) | (c0 + 2 * i + 1 <= r ? 0xffff0000u : 0u);
-}
-
 #if KDA_MMA_LAYER == KDA_LAYER_FMA
+// FMA fallback: each thread reads the w, qg and aqk rows of its output rows from global memory itself (the
+// threads of one row read the same addresses); kg, which every state entry's owner reads whole, is staged.
 struct RecurrenceSmem {
-  kda_bf16 W[BT][K];    // w rows of the chunk, then its kg rows
-  kda_bf16 QG[BT][K];
-  kda_bf16 AQ[BT][BT];  // tril(aqk), masked
+  kda_bf16 KG[BT][K];   // kg rows of the chunk (rows past L zero)
   float S[BVS][K + 1];  // the state slice, S[v][k] (V-first)
   float VN[BT][BVS + 1];
   float D[K];
 };
 #else
 // Matrix layer: the fp32 state lives in accumulator fragments (registers) for the whole walk; the GEMM
-// operands are bf16 (S and v_new rounded where the Triton path rounds them). Rows padded by 8 bf16.
+// operands are bf16 (S and v_new rounded where the Triton path rounds them). Shared memory holds only what
+// crosses waves or needs a transpose: the A operands w, qg (of w S^T, qg S^T) and aqk (of tril(aqk) v_new)
+// are row-major with their reduction index contiguous, the fragment layout, so each wave reads its own row
+// tile of them from global memory straight into fragments (kda_load_a_rows). That keeps a block's LDS at
+// BVS (K + BT) + K BT bf16 (plus row padding and the decay row): 31.5 KiB at gfx942's 32-row slice, so
+// that two blocks share its 64 KiB CU (kdagen/targets.py hip_v_slice, AMD_MIN_WAVES_PER_SIMD).
+// Rows padded by 8 bf16; every operand has its reduction index contiguous (kda_load_a/b read vectors).
 constexpr int PAD = 8;
 constexpr int LDK = K + PAD, LDT = BT + PAD;
-// Every operand is stored with its reduction index contiguous, so kda_load_a/b read k runs as vectors.
 struct alignas(16) RecurrenceSmem {
-  union {
-    kda_bf16 W[BT][LDK];  // w[t][k] of the chunk (phase 1) ...
-    kda_bf16 KT[K][LDT];  // ... then kg transposed, KT[k][t] (phase 3)
-  };
-  kda_bf16 QG[BT][LDK];
-  kda_bf16 AQ[BT][LDT];   // tril(aqk), masked
   kda_bf16 SB[BVS][LDK];  // bf16 copy of the state slice S[v][k] (the B operand of w S^T, qg S^T)
-  kda_bf16 VT[BVS][LDT];  // v_new transposed, VT[v][t], bf16
+  kda_bf16 VT[BVS][LDT];  // v_new transposed, VT[v][t], bf16 (B of tril(aqk) v_new, A of v_new^T kg)
+  kda_bf16 KT[K][LDT];    // kg transposed, KT[k][t] (B of v_new^T kg)
   float D[K];
 };
 #endif
@@ -159,38 +151,39 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_recurrence_kernel(RecurrenceArgs 
   for (int64_t ic = cb; ic < ce; ++ic) {
     const int64_t t0 = bos + ic * BT;
     const int L = (int)((eos - t0) < BT ? (eos - t0) : BT);
-    __syncthreads();  // the previous chunk's S update is done with W, D and S
+    __syncthreads();  // the previous chunk's S update is done with KG, D and S
+    // kg (rows past L are zero, so they add nothing to the state) and decay: read after the next barrier
     for (int idx = tid; idx < BT * K; idx += THREADS) {
       const int r = idx / K, d = idx % K;
-      kda_bf16 wv = 0, qv = 0;
-      if (r < L) {
-        const int64_t o = ((t0 + r) * p.H + h) * K + d;
-        wv = p.w[o];
-        if (outputs) qv = p.qg[o];
-      }
-      s.W[r][d] = wv;
-      s.QG[r][d] = qv;
-    }
-    if (outputs) {
-      for (int idx = tid; idx < BT * BT; idx += THREADS) {
-        const int r = idx / BT, c = idx % BT;
-        s.AQ[r][c] = (r < L && c <= r) ? p.aqk[((t0 + r) * p.H + h) * BT + c] : (kda_bf16)0;
-      }
+      s.KG[r][d] = r < L ? p.kg[((t0 + r) * p.H + h) * K + d] : (kda_bf16)0;
     }
     for (int d = tid; d < K; d += THREADS) s.D[d] = p.decay[((c0 + ic) * p.H + h) * K + d];
-    __syncthreads();
 
-    // v_new = u - w S^T (u = 0 on transfer rows) and the inter-chunk part of o, qg S^T
+    // v_new = u - w S^T (u = 0 on transfer rows) and the inter-chunk part of o, qg S^T; w and qg 8 at a time
     float accw[TPT], accq[TPT];
 #pragma unroll
     for (int j = 0; j < TPT; ++j) { accw[j] = 0.f; accq[j] = 0.f; }
-    for (int k = 0; k < K; ++k) {
-      const float sk = s.S[ov][k];
+    for (int k8 = 0; k8 < K; k8 += 8) {
+      kda_v8 wv[TPT], qv[TPT];
 #pragma unroll
       for (int j = 0; j < TPT; ++j) {
         const int t = tg + TSTEP * j;
-        accw[j] += bf(s.W[t][k]) * sk;
-        accq[j] += bf(s.QG[t][k]) * sk;
+        wv[j] = {};
+        qv[j] = {};
+        if (t < L) {
+          const int64_t o = ((t0 + t) * p.H + h) * K + k8;
+          wv[j] = ld8(p.w + o);
+          if (outputs) qv[j] = ld8(p.qg + o);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float sk = s.S[ov][k8 + i];
+#pragma unroll
+        for (int j = 0; j < TPT; ++j) {
+          accw[j] += bf(lane8(wv[j], i)) * sk;
+          accq[j] += bf(lane8(qv[j], i)) * sk;
+        }
       }
     }
 #pragma unroll
@@ -200,31 +193,31 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_recurrence_kernel(RecurrenceArgs 
       if (t < L) vn = (transfer ? 0.f : bf(p.u[((t0 + t) * p.H + h) * V + v0 + ov])) - accw[j];
       s.VN[t][ov] = vn;
     }
-    __syncthreads();
-    // kg replaces w (rows past L are zero, so they add nothing to the state)
-    for (int idx = tid; idx < BT * K; idx += THREADS) {
-      const int r = idx / K, d = idx % K;
-      s.W[r][d] = r < L ? p.kg[((t0 + r) * p.H + h) * K + d] : (kda_bf16)0;
-    }
-    // o = scale qg S^T + tril(aqk) v_new
+    __syncthreads();  // v_new complete; kg and decay staged
+    // o = scale qg S^T + tril(aqk) v_new (aqk[t][u] is defined for u <= t only)
     if (outputs) {
 #pragma unroll
       for (int j = 0; j < TPT; ++j) {
         const int t = tg + TSTEP * j;
         if (t >= L) continue;
+        const kda_bf16* ar = p.aqk + ((t0 + t) * p.H + h) * BT;
         float acc = 0.f;
-        for (int u = 0; u <= t; ++u) acc += bf(s.AQ[t][u]) * s.VN[u][ov];
+        for (int u8 = 0; u8 <= t; u8 += 8) {
+          const kda_v8 av = ld8(ar + u8);
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            if (u8 + i <= t) acc += bf(lane8(av, i)) * s.VN[u8 + i][ov];
+        }
         const float o = p.scale * accq[j] + acc;
         p.out[(t0 + t) * p.so_t + h * p.so_h + v0 + ov] = kda_f32_to_bf16(o);
       }
     }
-    __syncthreads();
-    // S = S diag(decay) + v_new^T kg, each entry by its owner
+    // S = S diag(decay) + v_new^T kg, each entry by its owner (phase A, the only other reader of S, is done)
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
       const int k = sk0 + KSTEP * i;
       float acc = s.S[sv][k] * s.D[k];
-      for (int t = 0; t < BT; ++t) acc += s.VN[t][sv] * bf(s.W[t][k]);
+      for (int t = 0; t < BT; ++t) acc += s.VN[t][sv] * bf(s.KG[t][k]);
       s.S[sv][k] = acc;
       if (ic == ck_chunk) p.ckpt[ck_row * p.sck_n + ck_base + (int64_t)sv * K + k] = acc;
     }
@@ -236,20 +229,24 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_recurrence_kernel(RecurrenceArgs 
     end_value(p, n, h, g, v0, sv, k, slot, s.S[sv][k]);
   }
 #else
-  // ---- matrix layer. 16 x 16 tiles, one wave per tile job, jobs dealt round-robin over the NW waves.
-  // Row tile r (chunk rows), V tile vt (state rows), K tile c (state columns):
-  //   phase 1 (2 JW jobs): tile (r, vt) of w S^T (jobs < JW) and of qg S^T (jobs >= JW), reduction K
-  //   phase 2: the qg S^T owner of (r, vt) adds tril(aqk)[r tile, :] v_new and writes o
-  //   phase 3 (NVT CT jobs): S[vt tile][c tile] = S diag(decay) + v_new^T kg, reduction BT
+  // ---- matrix layer. 16 x 16 tiles, one wave per tile job. Row tile r (chunk rows), V tile vt (state
+  // rows), K tile c (state columns). Each wave owns row tile r1 = wave % RT of the chunk and the V tiles
+  // vw + VW i (i < NVP) of the slice:
+  //   phase 1: tiles (r1, vt) of w S^T and qg S^T, reduction K (A from global, B = SB)
+  //   phase 2: o tiles (r1, vt) = scale qg S^T + tril(aqk)[r1 tile, :] v_new (A from global, B = VT)
+  //   phase 3 (JS state tiles per wave, tile = wave + NW i = vt CT + c): S = S diag(decay) + v_new^T kg,
+  //            reduction BT (A = VT, B = KT)
   constexpr int NW = THREADS / KDA_WARP;
   constexpr int RT = BT / 16, CT = K / 16, NVT = BVS / 16;
-  constexpr int JW = RT * NVT;
-  constexpr int J1 = (2 * JW) / NW, JS = (NVT * CT) / NW;
+  constexpr int VW = NW / RT, NVP = NVT / VW;  // waves per row tile, V tiles per wave
+  constexpr int JS = (NVT * CT) / NW;
   static_assert(BVS % 16 == 0, "whole 16-row V tiles per slice");
-  static_assert((2 * JW) % NW == 0 && (NVT * CT) % NW == 0 && K % KDA_MMA_K == 0 && BT % KDA_MMA_K == 0,
-                "tile jobs");
-  constexpr int KV8 = K / 8, TV8 = BT / 8;
+  static_assert(NW % RT == 0 && NVT % VW == 0 && (NVT * CT) % NW == 0 && K % KDA_MMA_K == 0 &&
+                BT % KDA_MMA_K == 0, "tile jobs");
+  constexpr int KV8 = K / 8;
   const int wave = tid / KDA_WARP;
+  const int r1 = wave % RT, vw = wave / RT;
+  const int64_t HK = (int64_t)p.H * K, HT = (int64_t)p.H * BT;  // token strides of w/qg/kg and of aqk
 
   kda_frag_c st[JS];  // state tile (vt, c), tile = wave + NW i = vt CT + c
 #pragma unroll
@@ -267,111 +264,108 @@ __global__ KDA_LAUNCH_BOUNDS(THREADS) void kda_recurrence_kernel(RecurrenceArgs 
   for (int64_t ic = cb; ic < ce; ++ic) {
     const int64_t t0 = bos + ic * BT;
     const int L = (int)((eos - t0) < BT ? (eos - t0) : BT);
-    __syncthreads();  // the previous chunk is done with W, QG, AQ, VT, D
-    for (int idx = tid; idx < BT * KV8; idx += THREADS) {
-      const int r = idx / KV8, d = 8 * (idx % KV8);
-      kda_v8 wv = {}, qv = {};
-      if (r < L) {
-        const int64_t o = ((t0 + r) * p.H + h) * K + d;
-        wv = ld8(p.w + o);
-        if (outputs) qv = ld8(p.qg + o);
-      }
-      st8(&s.W[r][d], wv);
-      if (outputs) st8(&s.QG[r][d], qv);
-    }
-    if (outputs) {
-      for (int idx = tid; idx < BT * TV8; idx += THREADS) {
-        const int r = idx / TV8, c = 8 * (idx % TV8);
-        kda_v8 a = {};
-        if (r < L) {
-          a = ld8(p.aqk + ((t0 + r) * p.H + h) * BT + c);
-          keep_tril(a, c, r);
-        }
-        st8(&s.AQ[r][c], a);
-      }
-    }
-    for (int d = tid; d < K; d += THREADS) s.D[d] = p.decay[((c0 + ic) * p.H + h) * K + d];
-    __syncthreads();
-
-    // phase 1: w S^T -> v_new = u - w S^T (u = 0 on transfer rows; bf16, rows past L zero) and qg S^T
-    // (kept for phase 2; not needed in pass 1)
-    kda_frag_c acc[J1];
-#pragma unroll
-    for (int j = 0; j < J1; ++j) {
-      const int job = wave + NW * j;
-      const bool is_w = job < JW;
-      const int jj = is_w ? job : job - JW, r = jj / NVT, vt = jj % NVT;
-      kda_frag_zero(acc[j]);
-      if (!is_w && !outputs) continue;  // wave-uniform
-      const kda_bf16* A = is_w ? &s.W[16 * r][0] : &s.QG[16 * r][0];
-#pragma unroll 2
-      for (int kk = 0; kk < K; kk += KDA_MMA_K) {
-        kda_frag_a a;
-        kda_frag_b b;
-        kda_load_a<LDK, 1>(a, A + kk);                 // A[t][k] = w[16 r + t][kk + k]
-        kda_load_b<1, LDK>(b, &s.SB[16 * vt][kk]);     // B[k][v] = S[16 vt + v][kk + k]
-        kda_mma16(acc[j], a, b);
-      }
-      if (is_w) {
-#pragma unroll
-        for (int e = 0; e < KDA_C_ELEMS; ++e) {
-          const int t = 16 * r + kda_c_row(e), v = 16 * vt + kda_c_col(e);
-          float vn = 0.f;
-          if (t < L) vn = (transfer ? 0.f : bf(p.u[((t0 + t) * p.H + h) * V + v0 + v])) - acc[j].x[e];
-          s.VT[v][t] = kda_f32_to_bf16(vn);
-        }
-      }
-    }
-    __syncthreads();  // v_new complete; w no longer read
-    // kg, transposed, replaces w (rows past L are zero, so they add nothing to the state). Consecutive
-    // threads take consecutive rows, so the transposed 2-byte stores fall in distinct banks.
+    const int rows = L - 16 * r1;  // valid rows of this wave's row tile (<= 0: none)
+    __syncthreads();  // the previous chunk is done with VT, KT and D, and its state is in SB
+    // kg, transposed, into KT (read in phase 3, after the next barrier: its loads overlap phase 1; rows past
+    // L are zero, so they add nothing to the state). Consecutive threads take consecutive rows, so the
+    // transposed 2-byte stores fall in distinct banks.
     for (int idx = tid; idx < BT * KV8; idx += THREADS) {
       const int r = idx % BT, d = 8 * (idx / BT);
       kda_v8 kv = {};
-      if (r < L) kv = ld8(p.kg + ((t0 + r) * p.H + h) * K + d);
+      if (r < L) kv = ld8(p.kg + (t0 + r) * HK + (int64_t)h * K + d);
 #pragma unroll
       for (int i = 0; i < 8; ++i) s.KT[d + i][r] = lane8(kv, i);
     }
+    for (int d = tid; d < K; d += THREADS) s.D[d] = p.decay[((c0 + ic) * p.H + h) * K + d];
+
+    // phase 1: w S^T -> v_new = u - w S^T (u = 0 on transfer rows; bf16, rows past L zero) and qg S^T
+    // (kept for phase 2; not needed in pass 1). One A fragment of w (and qg) per k step serves all NVP tiles.
+    const int64_t arow = (t0 + 16 * r1) * HK + (int64_t)h * K;  // w / qg row 16 r1 of the chunk
+    kda_frag_c aw[NVP], aq[NVP];
+#pragma unroll
+    for (int i = 0; i < NVP; ++i) {
+      kda_frag_zero(aw[i]);
+      kda_frag_zero(aq[i]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < K; kk += KDA_MMA_K) {
+      kda_frag_a a_w, a_q;
+      kda_load_a_rows(a_w, p.w + arow + kk, HK, rows);        // A[t][k] = w[16 r1 + t][kk + k]
+      if (outputs) kda_load_a_rows(a_q, p.qg + arow + kk, HK, rows);
+#pragma unroll
+      for (int i = 0; i < NVP; ++i) {
+        kda_frag_b b;
+        kda_load_b<1, LDK>(b, &s.SB[16 * (vw + VW * i)][kk]);  // B[k][v] = S[16 vt + v][kk + k]
+        kda_mma16(aw[i], a_w, b);
+        if (outputs) kda_mma16(aq[i], a_q, b);  // wave-uniform
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NVP; ++i) {
+      const int vt = vw + VW * i;
+#pragma unroll
+      for (int e = 0; e < KDA_C_ELEMS; ++e) {
+        const int t = 16 * r1 + kda_c_row(e), v = 16 * vt + kda_c_col(e);
+        float vn = 0.f;
+        if (t < L) vn = (transfer ? 0.f : bf(p.u[((t0 + t) * p.H + h) * V + v0 + v])) - aw[i].x[e];
+        s.VT[v][t] = kda_f32_to_bf16(vn);
+      }
+    }
+    __syncthreads();  // v_new complete in VT, kg in KT, decay in D; SB no longer read
     // phase 2: o = scale qg S^T + tril(aqk) v_new (column tiles past the diagonal are zero: skipped)
     if (outputs) {
+      const int kend = ((16 * (r1 + 1) + KDA_MMA_K - 1) / KDA_MMA_K) * KDA_MMA_K;
+      const int64_t qrow = (t0 + 16 * r1) * HT + (int64_t)h * BT;  // aqk row 16 r1 of the chunk
+      kda_frag_c o[NVP];
 #pragma unroll
-      for (int j = 0; j < J1; ++j) {
-        const int job = wave + NW * j;
-        if (job < JW) continue;  // wave-uniform
-        const int jj = job - JW, r = jj / NVT, vt = jj % NVT;
-        const int kend = ((16 * (r + 1) + KDA_MMA_K - 1) / KDA_MMA_K) * KDA_MMA_K;
-        kda_frag_c o;
-        kda_frag_zero(o);
-        for (int kk = 0; kk < kend; kk += KDA_MMA_K) {
-          kda_frag_a a;
+      for (int i = 0; i < NVP; ++i) kda_frag_zero(o[i]);
+      for (int kk = 0; kk < kend; kk += KDA_MMA_K) {
+        kda_frag_a a;
+        kda_load_a_rows(a, p.aqk + qrow + kk, HT, rows);  // A[t][u] = aqk[16 r1 + t][kk + u]
+#pragma unroll
+        for (int e = 0; e < KDA_A_ELEMS; ++e)  // tril: aqk[t][u] is not defined for u > t
+          if (kk + kda_a_col(e) > 16 * r1 + kda_a_row(e)) a.x[e] = 0;
+#pragma unroll
+        for (int i = 0; i < NVP; ++i) {
           kda_frag_b b;
-          kda_load_a<LDT, 1>(a, &s.AQ[16 * r][kk]);       // A[t][u] = aqk[16 r + t][kk + u]
-          kda_load_b<1, LDT>(b, &s.VT[16 * vt][kk]);      // B[u][v] = v_new[kk + u][16 vt + v]
-          kda_mma16(o, a, b);
+          kda_load_b<1, LDT>(b, &s.VT[16 * (vw + VW * i)][kk]);  // B[u][v] = v_new[kk + u][16 vt + v]
+          kda_mma16(o[i], a, b);
         }
+      }
+#pragma unroll
+      for (int i = 0; i < NVP; ++i) {
+        const int vt = vw + VW * i;
 #pragma unroll
         for (int e = 0; e < KDA_C_ELEMS; ++e) {
-          const int t = 16 * r + kda_c_row(e), v = 16 * vt + kda_c_col(e);
+          const int t = 16 * r1 + kda_c_row(e), v = 16 * vt + kda_c_col(e);
           if (t < L)
-            p.out[(t0 + t) * p.so_t + h * p.so_h + v0 + v] = kda_f32_to_bf16(p.scale * acc[j].x[e] + o.x[e]);
+            p.out[(t0 + t) * p.so_t + h * p.so_h + v0 + v] = kda_f32_to_bf16(p.scale * aq[i].x[e] + o[i].x[e]);
         }
       }
     }
-    __syncthreads();  // kg in KT
-    // phase 3: S = S diag(decay) + v_new^T kg, tile by tile in the owners' registers
+    // phase 3: S = S diag(decay) + v_new^T kg, tile by tile in the owners' registers (SB is rewritten: every
+    // wave has passed phase 1)
 #pragma unroll
     for (int i = 0; i < JS; ++i) {
-      const int tile = wave + NW * i, vt = tile / CT, c = tile % CT;
+      const int c = (wave + NW * i) % CT;
 #pragma unroll
       for (int e = 0; e < KDA_C_ELEMS; ++e) st[i].x[e] *= s.D[16 * c + kda_c_col(e)];
+    }
 #pragma unroll
-      for (int kk = 0; kk < BT; kk += KDA_MMA_K) {
+    for (int kk = 0; kk < BT; kk += KDA_MMA_K) {
+#pragma unroll
+      for (int i = 0; i < JS; ++i) {
+        const int tile = wave + NW * i, vt = tile / CT, c = tile % CT;
         kda_frag_a a;
         kda_frag_b b;
         kda_load_a<LDT, 1>(a, &s.VT[16 * vt][kk]);  // A[v][t] = v_new[kk + t][16 vt + v]
         kda_load_b<1, LDT>(b, &s.KT[16 * c][kk]);   // B[t][k] = kg[kk + t][16 c + k]
         kda_mma16(st[i], a, b);
       }
+    }
+#pragma unroll
+    for (int i = 0; i < JS; ++i) {
+      const int tile = wave + NW * i, vt = tile / CT, c = tile % CT;
 #pragma unroll
       for (int e = 0; e < KDA_C_ELEMS; ++e) {
         const int sv = 16 * vt + kda_c_row(e), k = 16 * c + kda_c_col(e);

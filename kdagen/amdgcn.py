@@ -18,6 +18,8 @@ from kdagen.targets import TARGETS
 @dataclass(frozen=True)
 class KernelResources:
     name: str
+    # LLVM's .vgpr_count: on gfx90a and later (gfx942, gfx950) the unified file's total, the arch VGPRs
+    # (aligned to 4) plus the AGPRs ("; TotalNumVgprs:" in the kernel info).
     vgprs: int
     agprs: int
     sgprs: int
@@ -29,10 +31,16 @@ class KernelResources:
     mfma: int  # v_mfma instructions in the body (static count)
     lds_reads: int  # ds_read* / ds_load* instructions in the body (static count)
     insns: int
+    mfma_kinds: tuple[str, ...] = ()  # the distinct v_mfma instructions of the body, sorted
 
     @property
     def spills(self) -> int:
         return self.vgpr_spills + self.sgpr_spills
+
+    @property
+    def arch_vgprs(self) -> int:
+        """The architectural VGPRs: the unified count less the AGPRs (up to 3 of accum_offset's padding)."""
+        return self.vgprs - self.agprs
 
 
 _META = ("group_segment_fixed_size", "private_segment_fixed_size", "vgpr_count", "agpr_count", "sgpr_count",
@@ -74,7 +82,7 @@ def read_kernels(asm: str) -> dict[str, KernelResources]:
             vgpr_spills=f.get("vgpr_spill_count", 0), sgpr_spills=f.get("sgpr_spill_count", 0),
             scratch=f.get("private_segment_fixed_size", 0), lds=f.get("group_segment_fixed_size", 0),
             llvm_occupancy=int(occ[1]) if occ else None,
-            mfma=len(re.findall(r"^\s+v_mfma\w*", body, re.M)),
+            mfma=len(mfma := re.findall(r"^\s+(v_mfma\w*)", body, re.M)), mfma_kinds=tuple(sorted(set(mfma))),
             lds_reads=len(re.findall(r"^\s+ds_(?:read|load)\w*", body, re.M)),
             insns=sum(1 for line in body.splitlines() if re.match(r"\s+[a-z][a-z0-9_]*(\s|$)", line)))
     return out
@@ -89,8 +97,9 @@ def waves_per_simd(res: KernelResources, target: str, threads: int, dynamic_lds:
     lds = res.lds + dynamic_lds
     groups = t.lds_per_cu // lds if lds else t.max_waves_per_simd * t.simds_per_cu
     by_lds = groups * waves_per_group // t.simds_per_cu
-    # Registers: the unified VGPR + AGPR file, allocated in granules of 8 per lane.
-    regs = -(-(res.vgprs + res.agprs) // 8) * 8 if res.agprs else -(-res.vgprs // 8) * 8
+    # Registers: the unified VGPR + AGPR file, allocated in granules of 8 per lane; .vgpr_count already
+    # counts the AGPRs.
+    regs = -(-res.vgprs // 8) * 8
     by_regs = t.vgprs_per_simd_lane // max(regs, 8)
     waves = min(by_lds, by_regs, t.max_waves_per_simd)
     if res.llvm_occupancy is not None:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from kdagen.amdgcn import read_kernels, waves_per_simd
+from kdagen.amdgcn import KernelResources, read_kernels, waves_per_simd
 
 ASM = """\t.text
 \t.globl\tkern_a
@@ -56,6 +56,7 @@ def test_reads_each_kernels_resources_and_llvm_occupancy():
     assert (a.vgprs, a.agprs, a.sgprs, a.lds, a.scratch, a.spills) == (130, 4, 40, 1024, 0, 2)
     assert (a.llvm_occupancy, a.mfma, a.lds_reads) == (3, 1, 2)
     assert (b.scratch, b.vgpr_spills, b.llvm_occupancy, b.mfma) == (16, 3, 8, 0)
+    assert (a.mfma_kinds, b.mfma_kinds, a.arch_vgprs) == (("v_mfma_f32_16x16x32_bf16",), (), 126)
 
 
 def test_waves_per_simd_takes_the_tightest_of_registers_lds_and_llvm():
@@ -68,3 +69,12 @@ def test_waves_per_simd_takes_the_tightest_of_registers_lds_and_llvm():
     assert waves_per_simd(k["kern_b"], "gfx950", threads=256, dynamic_lds=40 * 1024) == 4
     # kern_a: LLVM's 3 is below what its 136 registers (3 waves of 512) and 1 KiB of LDS would allow.
     assert waves_per_simd(k["kern_a"], "gfx950", threads=256) == 3
+
+
+def test_waves_per_simd_counts_the_agprs_once():
+    # On gfx90a and later .vgpr_count is the unified file's total, AGPRs included (LLVM's TotalNumVgprs):
+    # 256 of them (128 arch + 128 AGPRs) leave 512 / 256 = 2 waves, not the 1 of 256 + 128 more.
+    res = KernelResources(name="k", vgprs=256, agprs=128, sgprs=40, vgpr_spills=0, sgpr_spills=0, scratch=0,
+                          lds=0, llvm_occupancy=None, mfma=0, lds_reads=0, insns=0)
+    assert waves_per_simd(res, "gfx942", threads=256) == 2
+    assert res.arch_vgprs == 128

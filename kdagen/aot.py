@@ -2,9 +2,10 @@
 """Offline (AOT) compiles of the generated Triton kernels for gfx942, gfx950 and sm_90, with no GPU.
 
 Uses Triton's own compiler (`triton.compile` on an ASTSource with a GPUTarget), which needs neither a
-driver nor torch. Reports per kernel: shared memory, registers, spills and, on AMD, scratch and the
-matrix instructions found. Must not run under TRITON_INTERPRET=1 (the kernels would be interpreted
-functions), so the tests for it run in their own process.
+driver nor torch. Reports per kernel: shared memory and the matrix instructions found; on NVIDIA the
+ptxas registers and stack frame, on AMD what kdagen.amdgcn reads off the code object (registers, spills,
+scratch) and the waves per SIMD a launch gets with Triton's shared memory as its LDS. Must not run under
+TRITON_INTERPRET=1 (the kernels would be interpreted functions), so the tests for it run in their own process.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from kdagen.amdgcn import KernelResources, read_kernels, waves_per_simd
 from kdagen.kernels.kda import KERNELS as KDA_KERNELS
 from kdagen.runtime.device import TRITON_COMPILE_OPTIONS
-from kdagen.targets import TARGETS
+from kdagen.targets import AMD_MIN_WAVES_PER_SIMD, TARGETS
 
 TL_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 CKPT_ARGS = ("ckpt", "ckpt_off", "ckpt_idx", "sck_n", "n_ckpt_rows")  # kda_recurrence's checkpoint arguments
@@ -25,19 +28,34 @@ CKPT_ARGS = ("ckpt", "ckpt_off", "ckpt_idx", "sck_n", "n_ckpt_rows")  # kda_recu
 
 @dataclass
 class KernelReport:
-    kernel: str
+    kernel: str  # the build: the kernel's name, a recurrence pass (_p1, _p2) and/or _sparse
     target: str
-    shared: int
-    registers: int | None = None
-    spills: int | None = None  # AMD: VGPR + SGPR spill counts
+    shared: int  # Triton's metadata.shared: the dynamic shared memory (LDS) a launch asks for
+    num_warps: int
+    registers: int | None = None  # NVIDIA: ptxas registers per thread; AMD: res.unified_vgprs
     stack: int | None = None  # NVIDIA: bytes of per-thread stack frame (spills and local arrays)
-    scratch: int | None = None
-    mma: list[str] = field(default_factory=list)
+    res: KernelResources | None = None  # AMD: kdagen.amdgcn's reading of the code object
+    waves: int | None = None  # AMD: waves per SIMD of a launch (amdgcn.waves_per_simd)
+    mma: list[str] = field(default_factory=list)  # the matrix instructions' distinct names
+
+    @property
+    def spills(self) -> int | None:
+        return self.res.spills if self.res is not None else None
+
+    @property
+    def scratch(self) -> int | None:
+        return self.res.scratch if self.res is not None else None
 
     def row(self) -> str:
+        if self.res is not None:
+            r = self.res
+            return (f"{self.kernel:24s} {self.target:7s} warps={self.num_warps} vgpr={r.vgprs:3d} "
+                    f"agpr={r.agprs:3d} sgpr={r.sgprs:3d} spill(v/s)={r.vgpr_spills}/{r.sgpr_spills} "
+                    f"scratch={r.scratch} lds={self.shared + r.lds} waves/simd={self.waves} mfma={r.mfma}")
         mma = ",".join(sorted(set(self.mma)))[:60]
-        spill = f"stack={self.stack}B" if self.stack is not None else f"spills={self.spills} scratch={self.scratch}"
-        return f"{self.kernel:15s} {self.target:7s} smem={self.shared:7d} regs={self.registers} {spill} mma={mma}"
+        stack = f"{self.stack}B" if self.stack is not None else "?"  # no cuobjdump: ptxas figures unknown
+        return (f"{self.kernel:24s} {self.target:7s} warps={self.num_warps} smem={self.shared:7d} "
+                f"regs={self.registers} stack={stack} mma={mma}")
 
 
 def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: int, state_mode: int,
@@ -89,13 +107,14 @@ def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
 
 def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, diag_ref: int = 2,
                     state_mode: int = 1, checkpoint: int = 0, kernels: tuple[str, ...] | None = None,
-                    keep_asm: bool = False) -> list:
+                    keep_asm: bool = False, tuning: Mapping[str, int] | None = None) -> list:
     """One KernelReport per compiled kernel; with keep_asm, (report, PTX or AMDGCN text) pairs.
-    checkpoint: the recurrence's CHECKPOINT mode (0 none, 1 row n, 2 indexed rows)."""
+    checkpoint: the recurrence's CHECKPOINT mode (0 none, 1 row n, 2 indexed rows). tuning: knobs that
+    replace the variant's own for `target` (tools/amd_triton_sweep.py)."""
     from kdagen.runtime.triton_path import SCAN_ROWS
 
     t = TARGETS[target]
-    tun = mod.TUNING[target]
+    tun = {**mod.TUNING[target], **(tuning or {})}
     reports = []
     for name, (kernel, sig, const) in _signatures(mod, target, lower_bound=lower_bound, diag_ref=diag_ref,
                                                   state_mode=state_mode, checkpoint=checkpoint).items():
@@ -134,19 +153,52 @@ def _compile(fn, sig: dict, const: dict, options: dict, t, name: str, target: st
 
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
                        target=GPUTarget(t.triton_backend, t.triton_arch, t.warp_size), options=options)
-    rep = KernelReport(kernel=name, target=target, shared=int(k.metadata.shared))
+    warps = options["num_warps"]
+    rep = KernelReport(kernel=name, target=target, shared=int(k.metadata.shared), num_warps=warps)
     if t.vendor == "amd":
         asm = k.asm["amdgcn"]
-        rep.registers = _int(asm, r"\.vgpr_count:\s+(\d+)")
-        rep.spills = (_int(asm, r"\.vgpr_spill_count:\s+(\d+)") or 0) + (_int(asm, r"\.sgpr_spill_count:\s+(\d+)") or 0)
-        rep.scratch = _int(asm, r"\.private_segment_fixed_size:\s+(\d+)")
-        rep.mma = re.findall(r"\b(v_mfma_\w+)", asm)
-    else:
-        rep.registers, rep.stack = _ptxas_report(k.asm["cubin"])
-        rep.mma = re.findall(r"\b(wgmma\.mma_async\.\S+|mma\.sync\.\S+)", k.asm["ptx"])
-    return rep, k.asm["amdgcn"] if t.vendor == "amd" else k.asm["ptx"]
+        found = read_kernels(asm)
+        assert len(found) == 1, f"{name}: {len(found)} kernels in one code object ({sorted(found)})"
+        rep.res = res = next(iter(found.values()))
+        rep.registers = res.unified_vgprs
+        rep.waves = waves_per_simd(res, target, threads=warps * t.warp_size, dynamic_lds=rep.shared)
+        rep.mma = sorted(res.mfma_insns)
+        return rep, asm
+    rep.registers, rep.stack = _ptxas_report(k.asm["cubin"])
+    rep.mma = sorted(set(re.findall(r"\b(wgmma\.mma_async\.\S+|mma\.sync\.\S+)", k.asm["ptx"])))
+    return rep, k.asm["ptx"]
 
 
-def _int(text: str, pattern: str) -> int | None:
-    m = re.search(pattern, text)
-    return int(m.group(1)) if m else None
+def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] | None = None,
+                    kernels: tuple[str, ...] | None = None) -> list[KernelReport]:
+    """The builds tests/aot/test_aot_triton.py checks, each compiled once: every kernel and recurrence pass
+    (the sparse stage counts and the group scan included) with a bounded gate (DIAG_REF 2) and the paged
+    state, the superset of the dense one; the prologue with DIAG_REF 1; the prologue and kda_wu with the
+    softplus gate (DIAG_REF 0, kdagen.runtime.triton_path.diag_ref) and the dense state. The extra modes'
+    reports are named kernel[dr1] and kernel[dr0]."""
+    def only(names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(n for n in names if kernels is None or n in kernels)
+
+    reports = compile_variant(mod, target, lower_bound=True, diag_ref=2, state_mode=2, kernels=kernels,
+                              tuning=tuning)
+    for tag, lower_bound, diag_ref, state_mode, names in (("dr1", True, 1, 2, ("kda_prologue",)),
+                                                          ("dr0", False, 0, 1, ("kda_prologue", "kda_wu"))):
+        if not only(names):
+            continue
+        for rep in compile_variant(mod, target, lower_bound=lower_bound, diag_ref=diag_ref, state_mode=state_mode,
+                                   kernels=only(names), tuning=tuning):
+            rep.kernel = f"{rep.kernel}[{tag}]"
+            reports.append(rep)
+    return reports
+
+
+def amd_budget_misses(rep: KernelReport) -> list[str]:
+    """Why an AMD build misses the occupancy budget (kdagen.targets.AMD_MIN_WAVES_PER_SIMD waves per SIMD,
+    no scratch); empty when it meets it."""
+    assert rep.res is not None, rep.kernel
+    why = []
+    if rep.res.scratch:
+        why.append(f"{rep.res.scratch} B of scratch")
+    if rep.waves is None or rep.waves < AMD_MIN_WAVES_PER_SIMD:
+        why.append(f"{rep.waves} waves per SIMD < {AMD_MIN_WAVES_PER_SIMD}")
+    return why

@@ -18,6 +18,7 @@ import kdagen_kernels
 from kdagen.runtime import dispatch
 from kdagen.reference import chunk_kda_prefill_reference
 from kdagen.runtime import metadata as md
+from kdagen.targets import vendor_of
 from tests.kda_cases import make_inputs, poisoned_out
 from tests.tolerances import check
 
@@ -242,3 +243,37 @@ def test_group_scan_state_cache_in_place(monkeypatch):
         check(f"cache row {r}", cache[r], ref_cache[r].float(), _state(e))
     for r in (2, 4):
         assert torch.equal(cache[r], before[r])
+
+
+AMD_TARGETS = sorted({t for e in TRITON for t in e.targets if vendor_of(t) == "amd"})
+
+
+@pytest.mark.parametrize("target", AMD_TARGETS)
+@pytest.mark.parametrize("wide,groups", [(False, 3), (True, 1)], ids=["small-group_scan", "k_ne_v-plain_walk"])
+def test_amd_target_tuning_block_sizes(monkeypatch, target, wide, groups):
+    # The interpreter ignores num_warps and num_stages but not the block sizes, which change the code: each AMD
+    # target's own tuning (KDAGEN_TARGET picks it, as the device would) runs its V slices (block_v, pass 1's
+    # too) and column slices (prologue_block_k, wu_block_k) against the reference: the group scan's three
+    # launches on the smallest variant (softplus gate), the plain walk with K != V (kda_wu's u slices walk V,
+    # the walk's slices a V wider than K; bounded gate).
+    monkeypatch.setenv("KDAGEN_TARGET", target)
+    e = max(TRITON, key=lambda e: (e.head_dim_v - e.head_dim_k, e.dtype == "bf16")) if wide else _small()
+    c, H, K, V = e.chunk_size, _heads(e), e.head_dim_k, e.head_dim_v
+    args = make_inputs([2 * c + 9, 0, 1], H, K, V, DTYPES[e.dtype], "cpu", lower_bound=-5.0 if wide else None,
+                       seed=31)
+    plan = kdagen_kernels.plan_kda_prefill(
+        args["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=V, dtype=DTYPES[e.dtype], device="cpu",
+        lower_bound=args["lower_bound"], has_g_bias=True, use_qk_l2norm_in_kernel=True, output_final_state=True,
+        groups=groups)
+    mod = e.load()
+    tun = mod.TUNING[target]
+    assert (plan.target, plan.tuning, plan.groups) == (target, tun, groups)
+    walks = plan.program.walks[1]  # the dense initial state
+    assert plan.program.prologue.constexprs["BLOCK_K"] == tun["prologue_block_k"]
+    assert plan.program.wu.constexprs["BLOCK_K"] == tun["wu_block_k"]
+    assert walks[-1].constexprs["BLOCK_V"] == min(tun["block_v"], mod.BV)
+    layer = {n: args[n] for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias")}
+    o, s = plan.run(**layer, initial_state=args["initial_state"], out=poisoned_out(args["v"]))
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    check(f"{e.name} on {target}'s tuning, output", o, ref_o, _out(e))
+    check(f"{e.name} on {target}'s tuning, final state", s, ref_s, _state(e))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kdagen.targets import TARGETS
+from kdagen.targets import AMD_MIN_WAVES_PER_SIMD, TARGETS
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,15 @@ def waves_per_simd(res: KernelResources, target: str, threads: int, dynamic_lds:
     if res.llvm_occupancy is not None:
         waves = min(waves, res.llvm_occupancy)
     return waves
+
+
+def budget_misses(res: KernelResources, waves: int | None) -> list[str]:
+    """Why a kernel with `waves` per SIMD misses the AMD occupancy budget (AMD_MIN_WAVES_PER_SIMD waves, no
+    scratch); empty when it meets it."""
+    why = []
+    if res.scratch:
+        why.append(f"{res.scratch} B of scratch")
+    if waves is None or waves < AMD_MIN_WAVES_PER_SIMD:
+        why.append(f"{waves} waves per SIMD < {AMD_MIN_WAVES_PER_SIMD} ({res.unified_vgprs} VGPR+AGPR, "
+                   f"{res.lds} B static LDS, LLVM occupancy {res.llvm_occupancy})")
+    return why

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from kdagen.amdgcn import KernelResources, read_kernels, waves_per_simd
+from kdagen.amdgcn import KernelResources, budget_misses, read_kernels, waves_per_simd
 from kdagen.kernels.kda import KERNELS as KDA_KERNELS
 from kdagen.runtime.device import TRITON_COMPILE_OPTIONS
-from kdagen.targets import AMD_MIN_WAVES_PER_SIMD, TARGETS
+from kdagen.targets import TARGETS
 
 TL_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 CKPT_ARGS = ("ckpt", "ckpt_off", "ckpt_idx", "sck_n", "n_ckpt_rows")  # kda_recurrence's checkpoint arguments
@@ -193,12 +193,6 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
 
 
 def amd_budget_misses(rep: KernelReport) -> list[str]:
-    """Why an AMD build misses the occupancy budget (kdagen.targets.AMD_MIN_WAVES_PER_SIMD waves per SIMD,
-    no scratch); empty when it meets it."""
+    """Why an AMD build misses the occupancy budget (kdagen.amdgcn.budget_misses at its launch's waves)."""
     assert rep.res is not None, rep.kernel
-    why = []
-    if rep.res.scratch:
-        why.append(f"{rep.res.scratch} B of scratch")
-    if rep.waves is None or rep.waves < AMD_MIN_WAVES_PER_SIMD:
-        why.append(f"{rep.waves} waves per SIMD < {AMD_MIN_WAVES_PER_SIMD}")
-    return why
+    return budget_misses(rep.res, rep.waves)

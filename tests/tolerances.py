@@ -27,13 +27,14 @@ from kdagen.reference import rel_l2
 
 Key = tuple[str, str, str]
 # Where the measurements come from. The interpreter and emulation errors are deterministic (fixed seeds,
-# derandomized fuzz); the GPU ones are from docs/perf-notes.md, or a stand-in where none was recorded.
+# derandomized fuzz); the GPU ones are from docs/perf-notes.md or the H200 tolerance log below.
 INTERP = "worst over tests/interp and tests/e2e, triton 3.7.1 interpreter, torch 2.13 (2026-12-01, 1f94667)"
 EMULATED = "worst over tests/build/test_hip_emulated.py, all four layers (2026-12-01, commit 1f94667)"
 H200_GROUPS = "H200, tests/gpu group counts with a state cache (docs/perf-notes.md section 14, 2026-11-30)"
 H200_ADVERSARIAL = ("H200, Triton output on near-duplicate keys, beta 0.95 (perf-notes section 15 ablation base); "
                     "the final state is not recorded")
-# KDAGEN_TOLERANCE_LOG over tests/gpu with KDAGEN_GPU_FUZZ_EXAMPLES=10 (the run stopped at its 260 s limit,
+# Margins keep every bound at or below the one it replaced. KDAGEN_TOLERANCE_LOG over tests/gpu with
+# KDAGEN_GPU_FUZZ_EXAMPLES=10 (the run stopped at its 260 s limit,
 # in test_gpu_numerics, after the fused, fuzz and checkpoint files); triton 3.6, torch 2.11.
 H200_LOG = "H200, tests/gpu tolerance log, 10 fuzz examples (2026-12-01, commit 7b6e439)"
 
@@ -61,7 +62,7 @@ TOLERANCES: dict[Key, Tolerance] = {
     ("triton-interp", "bf16", "checkpoint_vs_cut_grouped"): Tolerance(
         9.7e-8, 10.0, "tests/interp/test_checkpoints.py, triton 3.7.1 interpreter (2026-12-01)"),
     # ---- the H200 (tests/gpu) -----------------------------------------------------------------------
-    ("triton-gpu", "bf16", "output"): Tolerance(4.13e-3, 2.5, H200_LOG + ", the K = V = 64 variant"),
+    ("triton-gpu", "bf16", "output"): Tolerance(4.14e-3, 2.4, H200_LOG + ", the K = V = 64 variant"),
     ("triton-gpu", "bf16", "final_state"): Tolerance(2.94e-3, 3.4, H200_GROUPS),
     # fp16 only in the fuzz so far: margins wider than bf16's for the cases 10 examples did not reach.
     ("triton-gpu", "fp16", "output"): Tolerance(2.61e-3, 3.0, H200_LOG),
@@ -72,8 +73,8 @@ TOLERANCES: dict[Key, Tolerance] = {
     ("triton-gpu", "bf16", "checkpoint_vs_cut_grouped"): Tolerance(
         1.28e-3, 2.0, "H200, tests/gpu/test_triton_checkpoints.py, G = 2..8, K = 128 V = 256 (2026-12-01)"),
     ("triton-gpu", "bf16", "ratio_to_fla"): Tolerance(0.99, 1.5, "H200, bench check (perf-notes section 13)"),
-    ("fused-gpu", "bf16", "output"): Tolerance(3.72e-3, 2.9, H200_LOG),
-    ("fused-gpu", "bf16", "final_state"): Tolerance(2.79e-3, 3.6, H200_LOG),
+    ("fused-gpu", "bf16", "output"): Tolerance(3.72e-3, 2.7, H200_LOG),
+    ("fused-gpu", "bf16", "final_state"): Tolerance(2.79e-3, 3.5, H200_LOG),
     ("fused-gpu", "bf16", "adversarial"): Tolerance(2.47e-2, 2.0, H200_LOG),
     ("fused-gpu", "bf16", "vs_triton"): Tolerance(4.96e-3, 4.0, H200_LOG),
     ("fused-gpu", "bf16", "vs_one_group"): Tolerance(1.1e-3, 4.5, "H200, final state at G = 2..32 vs G = 1 "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kdagen.amdgcn import read_kernels, waves_per_simd
+from kdagen.amdgcn import budget_misses, read_kernels, waves_per_simd
 
 ASM = """\t.text
 \t.globl\tkern_a
@@ -76,3 +76,12 @@ def test_waves_per_simd_takes_the_tightest_of_registers_lds_and_llvm():
     assert waves_per_simd(k["kern_a"], "gfx950", threads=256) == 2
     # LLVM's own figure wins when it is the lower one.
     assert waves_per_simd(replace(k["kern_b"], llvm_occupancy=3), "gfx950", threads=256) == 3
+
+
+def test_budget_misses_names_scratch_and_too_few_waves():
+    k = read_kernels(ASM)
+    assert budget_misses(k["kern_a"], 2) == []
+    one = budget_misses(k["kern_a"], 1)
+    assert len(one) == 1 and one[0].startswith("1 waves per SIMD < 2")
+    # kern_b has 16 B of scratch: a miss whatever its occupancy.
+    assert budget_misses(k["kern_b"], 8) == ["16 B of scratch"]

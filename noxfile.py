@@ -15,8 +15,8 @@ nox.options.sessions = ["check", "tests", "tests_triton_edge"]
 TORCH = "torch==2.13.0"
 PINS = (TORCH, "triton==3.7.1")
 # The other ends of the triton range pyproject allows: their interpreters each need a patch
-# (kdagen/runtime/interpreter_compat.py), so CI runs the interpreter numerics under both, each in its own
-# venv (the `tests` venv keeps the pinned release).
+# (kdagen/runtime/interpreter_compat.py), so CI runs every kernel through the interpreter under both, each
+# in its own venv (the `tests` venv keeps the pinned release).
 EDGE_TRITONS = ("3.6.0", "3.9.0")
 # A handful of interpreter numerics for `quick` and the edge tritons: the smallest variant end to end,
 # caller metadata, the state cache and the grouped walk (all four Triton kernels).

@@ -18,7 +18,6 @@ import kdagen_kernels
 from kdagen.runtime import dispatch
 from kdagen.reference import chunk_kda_prefill_reference
 from kdagen.runtime import metadata as md
-from kdagen.targets import vendor_of
 from tests.kda_cases import make_inputs, poisoned_out
 from tests.tolerances import check
 
@@ -245,18 +244,19 @@ def test_group_scan_state_cache_in_place(monkeypatch):
         assert torch.equal(cache[r], before[r])
 
 
-AMD_TARGETS = sorted({t for e in TRITON for t in e.targets if vendor_of(t) == "amd"})
+TARGETS = sorted({t for e in TRITON for t in e.targets})
 
 
-@pytest.mark.parametrize("target", AMD_TARGETS)
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("wide,groups,design", [(False, 3, None), (True, 1, "pair"), (True, 1, "intra")],
                          ids=["small-group_scan", "k_ne_v-plain_walk-pair", "k_ne_v-plain_walk-intra"])
-def test_amd_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
-    # The interpreter ignores num_warps and num_stages but not the block sizes, which change the code: each AMD
+def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
+    # The interpreter ignores num_warps and num_stages but not the block sizes, which change the code: each
     # target's own tuning (KDAGEN_TARGET picks it, as the device would) runs its V slices (block_v, pass 1's
     # too, intra_block_v) and column slices (prologue_block_k, wu_block_k) against the reference: the group
     # scan's three launches on the smallest variant (softplus gate: the pair), the plain walk with K != V
-    # (kda_wu's and kda_intra's u slices walk V, the walk's slices a V wider than K; bounded gate).
+    # (kda_wu's and kda_intra's u slices walk V, the walk's slices a V wider than K; bounded gate). sm_90's
+    # 64-row V slices on kda_intra's 32-row chunks take the walk's transposed products.
     monkeypatch.setenv("KDAGEN_TARGET", target)
     e = max(TRITON, key=lambda e: (e.head_dim_v - e.head_dim_k, e.dtype == "bf16")) if wide else _small()
     c, H, K, V = e.chunk_size, _heads(e), e.head_dim_k, e.head_dim_v

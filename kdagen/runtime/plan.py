@@ -84,6 +84,9 @@ class KdaPrefillPlan:
             raise ValueError(f"{OP}: tuning {tun} refused on {target}: {why}")
         n_chunks = ci.shape[0]
         self.design = design = chunk_design(b.lower_bound, b.use_qk_l2norm, entry.chunk_size, design)
+        # The group count's model counts metadata chunks and was fitted on whole-chunk walks; kda_intra's walk
+        # takes twice the steps at about half the work each (7-9% slower in all, docs/perf-notes.md section 23).
+        # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.
         self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
                                         checkpoints=b.checkpoint_offsets is not None)
         layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype, design)

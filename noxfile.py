@@ -19,7 +19,8 @@ PINS = (TORCH, "triton==3.7.1")
 # in its own venv (the `tests` venv keeps the pinned release).
 EDGE_TRITONS = ("3.6.0", "3.9.0")
 # A handful of interpreter numerics for `quick` and the edge tritons: the smallest variant end to end,
-# caller metadata, the state cache and the grouped walk (all four Triton kernels).
+# caller metadata, the state cache and the grouped walk: every Triton kernel (kda_intra on the bounded gate;
+# the pair, the grouped walk and the group scan on the softplus gate).
 QUICK_NUMERICS = (
     "tests/interp/test_triton_numerics.py::test_adversarial_regime_small",
     "tests/interp/test_triton_numerics.py::test_caller_built_chunk_metadata_is_used",

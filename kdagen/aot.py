@@ -59,14 +59,16 @@ class KernelReport:
 
 
 def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: int, state_mode: int,
-                checkpoint: int = 0) -> dict:
-    """Report name -> (kernel, AOT signature from its declaration, constexprs)."""
+                checkpoint: int = 0, split: int = 1) -> dict:
+    """Report name -> (kernel, AOT signature from its declaration, constexprs). split: the walk's SPLIT
+    (triton_path.walk_split of the design a batch of this gate gets)."""
     io = TL_DTYPES[mod.DTYPE]
     sig = {name: abi.aot_signature(io) for name, abi in KDA_KERNELS.items()}
     fp32_dot = TARGETS[target].triton_fp32_dot
     pro_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "USE_L2NORM": True, "DIAG_REF": diag_ref,
                  "DOT_F32": False, "FP32_DOT": fp32_dot}
     wu_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "DOT_F32": False}
+    intra_const = {"SPLIT": split, "HAS_BIAS": True, "DOT_F32": False, "FP32_DOT": fp32_dot}
 
     def rec(pass_: int) -> tuple[dict, dict]:
         # The checkpoint arguments a launch passes as None (all of them without checkpoints and in pass 1, the
@@ -75,15 +77,17 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: in
         none = [n for n in CKPT_ARGS if mode == 0 or (mode == 1 and n == "ckpt_idx")]
         return ({**sig["kda_recurrence"], **dict.fromkeys(none, "constexpr")},
                 {"STATE_IN": state_mode, "STATE_OUT": state_mode, "PASS": pass_, "DOT_F32": False,
-                 "CHECKPOINT": mode, **dict.fromkeys(none)})
+                 "CHECKPOINT": mode, "SPLIT": split, **dict.fromkeys(none)})
 
     # The recurrence's passes: 0 the plain walk, 1 the group operators, 2 the walk from scanned start states
     # (runtime/group_scan.py).
     return {"kda_prologue": ("kda_prologue", sig["kda_prologue"], pro_const),
             "kda_wu": ("kda_wu", sig["kda_wu"], wu_const),
+            "kda_intra": ("kda_intra", sig["kda_intra"], intra_const),
             **{name: ("kda_recurrence", *rec(p))
                for name, p in (("kda_recurrence", 0), ("kda_recurrence_p1", 1), ("kda_recurrence_p2", 2))},
-            "kda_group_scan": ("kda_group_scan", sig["kda_group_scan"], {"STATE_IN": state_mode, "FP32_DOT": fp32_dot})}
+            "kda_group_scan": ("kda_group_scan", sig["kda_group_scan"],
+                               {"STATE_IN": state_mode, "FP32_DOT": fp32_dot, "SPLIT": split})}
 
 
 def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
@@ -107,17 +111,20 @@ def _ptxas_report(cubin: bytes) -> tuple[int | None, int | None]:
 
 def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, diag_ref: int = 2,
                     state_mode: int = 1, checkpoint: int = 0, kernels: tuple[str, ...] | None = None,
-                    keep_asm: bool = False, tuning: Mapping[str, int] | None = None) -> list:
+                    keep_asm: bool = False, tuning: Mapping[str, int] | None = None, split: int | None = None) -> list:
     """One KernelReport per compiled kernel; with keep_asm, (report, PTX or AMDGCN text) pairs.
     checkpoint: the recurrence's CHECKPOINT mode (0 none, 1 row n, 2 indexed rows). tuning: knobs that
-    replace the variant's own for `target` (tools/amd_triton_sweep.py)."""
-    from kdagen.runtime.triton_path import SCAN_ROWS
+    replace the variant's own for `target` (tools/amd_triton_sweep.py). split: the walk's SPLIT, by default
+    that of the design a batch of this gate gets (kda_intra's for diag_ref 2, the pair's otherwise)."""
+    from kdagen.runtime.triton_path import SCAN_ROWS, walk_split
 
+    if split is None:
+        split = walk_split("intra" if diag_ref == 2 else "pair", mod.CHUNK_SIZE)
     t = TARGETS[target]
     tun = {**mod.TUNING[target], **(tuning or {})}
     reports = []
     for name, (kernel, sig, const) in _signatures(mod, target, lower_bound=lower_bound, diag_ref=diag_ref,
-                                                  state_mode=state_mode, checkpoint=checkpoint).items():
+                                                  state_mode=state_mode, checkpoint=checkpoint, split=split).items():
         if kernels is not None and name not in kernels:
             continue
         const = dict(const)
@@ -128,6 +135,9 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
             # A launch with no more walks than SMs takes the sparse stage count (triton_path.recurrence_stages).
             if tun["recurrence_stages_sparse"] != tun["recurrence_stages"]:
                 builds.append(name + "_sparse")
+        elif kernel == "kda_intra":
+            const["BLOCK_V"] = min(tun["intra_block_v"], mod.BV)
+            options = {"num_warps": tun["intra_warps"], "num_stages": tun["intra_stages"]}
         elif kernel == "kda_group_scan":
             const["BLOCK_V"] = min(SCAN_ROWS, mod.BV)
             options = {"num_warps": 4, "num_stages": 1}
@@ -172,17 +182,19 @@ def _compile(fn, sig: dict, const: dict, options: dict, t, name: str, target: st
 def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] | None = None,
                     kernels: tuple[str, ...] | None = None) -> list[KernelReport]:
     """The builds tests/aot/test_aot_triton.py checks, each compiled once: every kernel and recurrence pass
-    (the sparse stage counts and the group scan included) with a bounded gate (DIAG_REF 2) and the paged
-    state, the superset of the dense one; the prologue with DIAG_REF 1; the prologue and kda_wu with the
-    softplus gate (DIAG_REF 0, kdagen.runtime.triton_path.diag_ref) and the dense state. The extra modes'
-    reports are named kernel[dr1] and kernel[dr0]."""
+    (the sparse stage counts and the group scan included) with a bounded gate (DIAG_REF 2: kda_intra and the
+    walk on its half chunks) and the paged state, the superset of the dense one; the prologue with DIAG_REF 1;
+    the prologue, kda_wu and the plain walk on whole chunks with the softplus gate (DIAG_REF 0,
+    kdagen.runtime.triton_path.diag_ref) and the dense state. The extra modes' reports are named kernel[dr1]
+    and kernel[dr0]."""
     def only(names: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(n for n in names if kernels is None or n in kernels)
 
     reports = compile_variant(mod, target, lower_bound=True, diag_ref=2, state_mode=2, kernels=kernels,
                               tuning=tuning)
     for tag, lower_bound, diag_ref, state_mode, names in (("dr1", True, 1, 2, ("kda_prologue",)),
-                                                          ("dr0", False, 0, 1, ("kda_prologue", "kda_wu"))):
+                                                          ("dr0", False, 0, 1, ("kda_prologue", "kda_wu",
+                                                                                "kda_recurrence"))):
         if not only(names):
             continue
         for rep in compile_variant(mod, target, lower_bound=lower_bound, diag_ref=diag_ref, state_mode=state_mode,

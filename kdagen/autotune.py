@@ -26,8 +26,11 @@ from kdagen.targets import TARGETS, estimate_triton_smem, next_pow2, refused_con
 
 PROLOGUE_KNOBS = ("prologue_warps", "prologue_stages", "prologue_block_k")
 WU_KNOBS = ("wu_warps", "wu_stages", "wu_block_k")
+INTRA_KNOBS = ("intra_warps", "intra_stages", "intra_block_v")
 RECURRENCE_KNOBS = ("recurrence_warps", "recurrence_stages", "recurrence_stages_sparse", "block_v")
-KNOBS = {"prologue": PROLOGUE_KNOBS, "wu": WU_KNOBS, "recurrence": RECURRENCE_KNOBS}
+KNOBS = {"prologue": PROLOGUE_KNOBS, "wu": WU_KNOBS, "intra": INTRA_KNOBS, "recurrence": RECURRENCE_KNOBS}
+# The pair's kernels run only in the "pair" design (triton_path.chunk_design), so they are timed in it.
+PAIR_KERNELS = ("prologue", "wu")
 DEFAULT_SHAPES = ((12, 4096, 1), (96, 16384, 16))
 CHECK_TOLERANCE = 1e-2  # relative L2 vs float64, the bench's bar (GPU runs measure ~3e-3)
 TIE_TOLERANCE = 0.01  # configs within 1% of the fastest count as tied (do_bench medians vary about that much)
@@ -62,6 +65,12 @@ def wu_candidates(v: VariantDims) -> list[dict[str, int]]:
     return out
 
 
+def intra_candidates(v: VariantDims) -> list[dict[str, int]]:
+    bound = next_pow2(v.head_dim_v)
+    return [dict(intra_warps=warps, intra_stages=stages, intra_block_v=block_v)
+            for warps in (2, 4, 8) for stages in (1, 2) for block_v in sorted({min(b, bound) for b in (32, 64, 128)})]
+
+
 def recurrence_candidates(v: VariantDims, target: str) -> list[dict[str, int]]:
     """Configs whose staged tiles fit the target's shared memory (the spec loader's own estimate). The
     sparse stage count only acts on shapes with few walks (the default shapes include one)."""
@@ -83,6 +92,8 @@ def candidates(kernel: str, v: VariantDims, target: str) -> list[dict[str, int]]
         found = prologue_candidates(v)
     elif kernel == "wu":
         found = wu_candidates(v)
+    elif kernel == "intra":
+        found = intra_candidates(v)
     else:
         found = recurrence_candidates(v, target)
     return [c for c in found if refused_config(target, c) is None]
@@ -120,7 +131,7 @@ def measure_in_subprocess(variant: str, target: str, kernel: str, knobs: dict[st
 
 
 def parse_knob_filters(items: Sequence[str]) -> dict[str, set[int]]:
-    names = PROLOGUE_KNOBS + WU_KNOBS + RECURRENCE_KNOBS
+    names = PROLOGUE_KNOBS + WU_KNOBS + INTRA_KNOBS + RECURRENCE_KNOBS
     out: dict[str, set[int]] = {}
     for item in items:
         name, _, values = item.partition("=")
@@ -252,10 +263,12 @@ def _worker(job: dict) -> dict:
     return dict(ms=ms)
 
 
-def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=None) -> Callable[[], None]:
-    """One Triton kernel ("prologue", "wu" or "recurrence") of a chunk_kda_prefill call, launched alone
-    with `tun`, on a workspace the kernels before it have filled (so each one reads real values); the
-    recurrence writes `out` (a new tensor if None)."""
+def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=None,
+                design: str | None = None) -> Callable[[], None]:
+    """One Triton kernel ("prologue", "wu", "intra" or "recurrence") of a chunk_kda_prefill call, launched
+    alone with `tun`, on a workspace the kernels before it have filled (so each one reads real values); the
+    recurrence writes `out` (a new tensor if None). design: the plan's (triton_path.chunk_design); the pair's
+    kernels always run in "pair"."""
     import kdagen_kernels
     from kdagen.runtime.planning import plan_kda_prefill
 
@@ -265,12 +278,13 @@ def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=N
     plan = plan_kda_prefill(
         (entry,), cu, cu.cpu(), num_heads=q.shape[2], head_dim_k=q.shape[3], head_dim_v=v.shape[3],
         dtype=q.dtype, lower_bound=args["lower_bound"], has_g_bias=args["g_bias"] is not None,
-        use_qk_l2norm_in_kernel=True, chunk_indices=ci, chunk_offsets=co, output_final_state=True, tuning=tun)
+        use_qk_l2norm_in_kernel=True, chunk_indices=ci, chunk_offsets=co, output_final_state=True, tuning=tun,
+        design="pair" if kernel in PAIR_KERNELS else design)
     values, state_in, *_ = plan.bind(q, args["k"], v, args["raw_g"], args["raw_beta"], args["A_log"],
                                      args["g_bias"], q.shape[3] ** -0.5, args["initial_state"], out, None)
     program = plan.program
     assert program is not None
-    steps = {"prologue": program.prologue, "wu": program.wu}
+    steps = {"prologue": program.prologue, "wu": program.wu, "intra": program.intra}
     for step in steps.values():
         if step is not None:
             step(values)
@@ -293,7 +307,7 @@ def _configure(p: argparse.ArgumentParser) -> None:
                    help="Triton variant to time (its spec file's tuning for this GPU's target is written)")
     p.add_argument("--shape", action="append", default=[], metavar="H:T:N",
                    help="tuning shape, repeatable (default: 12:4096:1 and 96:16384:16)")
-    p.add_argument("--kernel", choices=("prologue", "wu", "recurrence", "all"), default="all")
+    p.add_argument("--kernel", choices=(*KNOBS, "all"), default="all")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2",
                    help="only try these values of a knob, repeatable (e.g. prologue_warps=1,2)")
     p.add_argument("--write", action="store_true",

@@ -33,7 +33,8 @@ QUICK = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16)]
 BYTES_PER_TOKEN_HEAD = 1282  # read q, k, v, raw_g, raw_beta; write o (bf16, K = V = 128)
 STATE_BYTES_PER_SEQ_HEAD = 2 * 128 * 128 * 4  # fp32 state in and out
 FLOPS_PER_TOKEN_HEAD = 181_589  # 6d^2 + 10Cd + C^2/3 at C = 64, d = 128
-IMPL_NAMES = {"triton": "kdagen-triton", "fused": "kdagen-fused", "fla": FLA, "flashkda": FLASHKDA}
+IMPL_NAMES = {"triton": "kdagen-triton", "triton-pair": "kdagen-triton-pair", "fused": "kdagen-fused", "fla": FLA,
+              "flashkda": FLASHKDA}
 CHECK_SHAPE = (4, 1000, 3)  # (H, T, N) every implementation is checked on before any timing
 # A peer keeps its own numerics (FlashKDA rounds its state to bf16 between 16-token chunks); a wrong
 # input conversion gives errors of order 1, far above this.
@@ -126,6 +127,19 @@ def implementations() -> dict:
         return lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out)
 
     impls["kdagen-triton"] = ours
+
+    def ours_pair(args, ci, co, out):
+        # The Triton path with the chunk-parallel design forced to the kernel pair (an A/B of the plan's choice).
+        cu, q, v = args["cu_seqlens"], args["q"], args["v"]
+        plan = kdagen_kernels.plan_kda_prefill(
+            cu, cu.cpu(), num_heads=q.shape[2], head_dim_k=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,
+            lower_bound=args["lower_bound"], has_g_bias=args["g_bias"] is not None,
+            use_qk_l2norm_in_kernel=args["use_qk_l2norm_in_kernel"], chunk_indices=ci, chunk_offsets=co,
+            output_final_state=args["output_final_state"], design="pair")
+        return lambda: plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"],
+                                args["g_bias"], initial_state=args["initial_state"], out=out)
+
+    impls["kdagen-triton-pair"] = ours_pair
     if kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64):
         def fused(args, ci, co, out):
             return lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out,

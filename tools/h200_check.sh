@@ -4,10 +4,16 @@
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH="$PWD:$PWD/generated${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# Optional peers (fla-core + einops) travel as wheels in .whl/ (not committed).
+# Optional peers: fla-core (and einops where the machine lacks it) travel as wheels in .whl/ (not committed).
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+# Optional FlashKDA for the bench (not committed): its source tarball and a flash_kda_C*.so built on an H200
+# before (MoonshotAI/FlashKDA's own build, about 90 s there) in .peers/; the bench finds `flash_kda` on the path.
+if ls .peers/flashkda-*.tar.gz .peers/flash_kda_C*.so >/dev/null 2>&1; then
+  mkdir -p /tmp/flashkda/build && tar xzf .peers/flashkda-*.tar.gz -C /tmp/flashkda && cp .peers/flash_kda_C*.so /tmp/flashkda/build/ \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/flashkda/build:$(dirname "$(find /tmp/flashkda -name __init__.py -path '*flash_kda/*' | head -n 1)")/.."
 fi
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 python3 -m pytest tests/gpu -q -rs -s "$@" 2>&1 | tee "$OUT/gpu-tests.log"; rc=${PIPESTATUS[0]}

@@ -2,8 +2,10 @@
 """The Triton path's kernels (templates/triton/kda_chunk.py.j2), declared once. See Note [Kernel ABI].
 
 Token-major workspaces ([T, H, *], docs/design.md section 1.4): qg, w, kg [T, H, BK], u [T, H, BV] and
-aqk, tinv [T, H, BT] in the I/O dtype (fp32 under the interpreter), decay [chunks, H, BK] and rnorm [T, H, 2]
-fp32. Strides are in elements; `s<x>_t`, `s<x>_h` are a tensor's token and head strides.
+aqk, tinv [T, H, walk chunk] in the I/O dtype (fp32 under the interpreter), decay [walk chunks, H, BK] and
+rnorm [T, H, 2] fp32. Strides are in elements; `s<x>_t`, `s<x>_h` are a tensor's token and head strides.
+SPLIT: the walk's chunks per metadata chunk (1: the kernel pair at the variant's chunk, 2: kda_intra's
+half chunks); chunk_indices and chunk_offsets always count the variant's (vLLM's) chunks.
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ KDA_WU = KernelABI("kda_wu", (
     constexpr("BLOCK_K"), constexpr("LOWER_BOUND"), constexpr("HAS_BIAS"), constexpr("DOT_F32"),
 ))
 
+KDA_INTRA = KernelABI("kda_intra", (
+    ptr("q", "io"), ptr("k", "io"), ptr("v", "io"), *_GATE_INPUTS[2:],
+    ptr("qg_ws", "io", writes=True), ptr("w_ws", "io", writes=True), ptr("kg_ws", "io", writes=True),
+    ptr("u_ws", "io", writes=True), ptr("aqk_ws", "io", writes=True), ptr("decay_ws", "fp32", writes=True),
+    f32("scale"), f32("lower_bound"),
+    i32("sq_t"), i32("sq_h"), i32("sk_t"), i32("sk_h"), i32("sv_t"), i32("sv_h"), i32("sg_t"), i32("sg_h"),
+    i32("sb_t"), i32("sb_h"),
+    i32("H"),
+    constexpr("SPLIT", "programs (walk chunks) per metadata chunk"), constexpr("BLOCK_V", "u's column slice"),
+    constexpr("HAS_BIAS"), constexpr("DOT_F32"), constexpr("FP32_DOT"),
+))
+
 KDA_RECURRENCE = KernelABI("kda_recurrence", (
     ptr("qg_ws", "io"), ptr("w_ws", "io"), ptr("kg_ws", "io"), ptr("u_ws", "io"), ptr("aqk_ws", "io"),
     ptr("decay_ws", "fp32"),
@@ -56,6 +70,7 @@ KDA_RECURRENCE = KernelABI("kda_recurrence", (
     constexpr("BLOCK_V"), constexpr("STATE_IN", "0 zeros, 1 dense, 2 paged"),
     constexpr("STATE_OUT", "0 none, 1 dense, 2 paged"), constexpr("PASS", "0 plain walk, 1 and 2 the group split"),
     constexpr("DOT_F32"), constexpr("CHECKPOINT", "0 none, 1 row n, 2 row ckpt_idx[n]"),
+    constexpr("SPLIT", "walk chunks per metadata chunk"),
 ))
 
 KDA_GROUP_SCAN = KernelABI("kda_group_scan", (
@@ -63,7 +78,7 @@ KDA_GROUP_SCAN = KernelABI("kda_group_scan", (
     ptr("has_initial_state", "i1"), ptr("cu_seqlens", "i32"),
     i32("sh0_n"), i32("sh0_h"),
     i32("H"), i32("n_slots"), i32("n_seq", specialize=False), i32("G", specialize=False),
-    constexpr("BLOCK_V"), constexpr("STATE_IN"), constexpr("FP32_DOT"),
+    constexpr("BLOCK_V"), constexpr("STATE_IN"), constexpr("FP32_DOT"), constexpr("SPLIT"),
 ))
 
-KERNELS: dict[str, KernelABI] = {k.name: k for k in (KDA_PROLOGUE, KDA_WU, KDA_RECURRENCE, KDA_GROUP_SCAN)}
+KERNELS: dict[str, KernelABI] = {k.name: k for k in (KDA_PROLOGUE, KDA_WU, KDA_INTRA, KDA_RECURRENCE, KDA_GROUP_SCAN)}

@@ -26,7 +26,7 @@ import torch
 from . import debug_checks, fused_path
 from .jit_hip import HipLibrary
 from .registry import VariantEntry
-from .triton_path import TritonProgram, recurrence_groups, tuning_for, workspace_layout
+from .triton_path import TritonProgram, chunk_design, recurrence_groups, tuning_for, workspace_layout
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
                        may_overlap, no_overlap)
 from ..targets import refused_config
@@ -59,7 +59,7 @@ class KdaPrefillPlan:
 
     def __init__(self, b: Batch, *, entry: VariantEntry, target: str, mod: ModuleType | None,
                  lib: HipLibrary | None, groups: int | None, workspace: torch.Tensor | None,
-                 tuning: Mapping[str, int] | None, data_checks: bool):
+                 tuning: Mapping[str, int] | None, data_checks: bool, design: str | None = None):
         p = self.problem = b.p
         self.batch = b
         self.entry, self.target, self.lib = entry, target, lib
@@ -83,9 +83,13 @@ class KdaPrefillPlan:
         if (why := refused_config(target, tun)) is not None:
             raise ValueError(f"{OP}: tuning {tun} refused on {target}: {why}")
         n_chunks = ci.shape[0]
+        self.design = design = chunk_design(b.lower_bound, b.use_qk_l2norm, entry.chunk_size, design)
+        # The group count's model counts metadata chunks and was fitted on whole-chunk walks; kda_intra's walk
+        # takes twice the steps at about half the work each (7-9% slower in all, docs/perf-notes.md section 23).
+        # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.
         self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
                                         checkpoints=b.checkpoint_offsets is not None)
-        layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype)
+        layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype, design)
         self.workspace_bytes = layout.nbytes
         if workspace is None:
             storage = torch.empty(layout.nbytes, dtype=torch.uint8, device=b.device)
@@ -99,7 +103,7 @@ class KdaPrefillPlan:
             cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co, state_ins=state_ins,
             state_out=2 if self._paged else int(b.output_final_state), state_indices=b.state_indices,
             has_initial_state=b.has_initial_state, device=b.device, checkpoint_offsets=b.checkpoint_offsets,
-            checkpoint_state_indices=b.checkpoint_state_indices)
+            checkpoint_state_indices=b.checkpoint_state_indices, design=design)
 
     # ------------------------------------------------------------------------------------------- run
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,

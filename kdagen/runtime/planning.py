@@ -38,7 +38,7 @@ def _module(entry: VariantEntry, target: str) -> ModuleType:
 def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: bool = False,
               groups: int | None = None, workspace: torch.Tensor | None = None,
               tuning: Mapping[str, int] | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
-              decision: fused_choice.FusedDecision | None = None) -> KdaPrefillPlan:
+              decision: fused_choice.FusedDecision | None = None, design: str | None = None) -> KdaPrefillPlan:
     """A plan from batch arguments validate.py has checked: picks the path and variant, runs the
     data-dependent checks it can, builds the fused library on first use. Nothing is written."""
     p, device = b.p, b.device
@@ -68,7 +68,7 @@ def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: 
     if entry.chunk_size != checked_chunk:
         debug_checks.check_batch(p, entry.chunk_size, device, **meta)
     return KdaPrefillPlan(b, entry=entry, target=target, mod=_module(entry, target), lib=None, groups=groups,
-                          workspace=workspace, tuning=tuning, data_checks=data_checks)
+                          workspace=workspace, tuning=tuning, data_checks=data_checks, design=design)
 
 
 def plan_kda_prefill(variants: tuple[VariantEntry, ...], cu_seqlens: torch.Tensor | None = None,
@@ -82,8 +82,11 @@ def plan_kda_prefill(variants: tuple[VariantEntry, ...], cu_seqlens: torch.Tenso
                      checkpoint_offsets: torch.Tensor | None = None,
                      checkpoint_state_indices: torch.Tensor | None = None, use_fused_chunk: bool = False,
                      groups: int | None = None, workspace: torch.Tensor | None = None,
-                     tuning: Mapping[str, int] | None = None) -> KdaPrefillPlan:
+                     tuning: Mapping[str, int] | None = None, design: str | None = None) -> KdaPrefillPlan:
     """The public plan: validates the batch arguments, then `make_plan`.
+
+    design: the Triton path's chunk-parallel kernels, "intra" (one kernel on half chunks) or "pair" (two on
+    whole chunks); None lets the plan choose (Note [Chunk-parallel design] in runtime/triton_path.py).
 
     With cu_seqlens the batch is packed ([1, num_tokens, H, *]); num_tokens defaults to cu_seqlens_cpu[-1].
     Without it, inputs are [batch_size, num_tokens, H, *]: batch_size sequences of num_tokens tokens.
@@ -137,4 +140,4 @@ def plan_kda_prefill(variants: tuple[VariantEntry, ...], cu_seqlens: torch.Tenso
               use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, state_indices, has_initial_state,
               output_final_state, checkpoint_offsets, checkpoint_state_indices)
     return make_plan(variants, b, use_fused_chunk=use_fused_chunk, groups=groups, workspace=workspace,
-                     tuning=tuning, cu_seqlens_cpu=cu_seqlens_cpu)
+                     tuning=tuning, cu_seqlens_cpu=cu_seqlens_cpu, design=design)

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from types import ModuleType
 
 import torch
 import triton
 
-from ..kernels.kda import KDA_GROUP_SCAN, KDA_PROLOGUE, KDA_RECURRENCE, KDA_WU
+from ..kernels.kda import KDA_GROUP_SCAN, KDA_INTRA, KDA_PROLOGUE, KDA_RECURRENCE, KDA_WU
 from ..targets import TARGETS, vendor_of
 from .device import INTERPRETER, interpreting, jit_launch_forced
 from .group_scan import check_groups, choose_groups, device_sms, env_groups
@@ -39,10 +40,61 @@ FACTORED_DIAG_MIN_LOWER_BOUND = -125.0 * math.log(2.0) / 16
 MIDPOINT_DIAG_MIN_LOWER_BOUND = -10.0
 
 
+# The chunk-parallel half (Note [Chunk-parallel design]): "intra" (kda_intra on walk chunks of at most
+# INTRA_CHUNK rows) where it fits, else "pair" (kda_prologue + kda_wu at the variant's chunk).
+DESIGNS = ("intra", "pair")
+DESIGN_ENV = "KDAGEN_TRITON_DESIGN"
+INTRA_CHUNK = 32
+
+
 def diag_ref(lower_bound: float | None) -> int:
     if lower_bound is None or lower_bound < MIDPOINT_DIAG_MIN_LOWER_BOUND:
         return 0
     return 2 if lower_bound >= FACTORED_DIAG_MIN_LOWER_BOUND else 1
+
+
+def intra_fits(lower_bound: float | None, use_l2norm: bool, chunk: int) -> str | None:
+    """Why kda_intra cannot run a batch, or None.
+
+    Note [Chunk-parallel design]
+        kda_intra forms Akk and Aqk of a walk chunk in one product each, every factor relative to the G of the
+        chunk's middle row, so a factor spans up to 16 rows of decay: it needs the bound of DIAG_REF 2 (16 rows
+        of decay stay a normal fp32) and |q|, |k| <= 1 (the L2 norm in kernel), else a factor could overflow.
+        Its inverse takes at most two 16-row diagonal blocks, so the walk steps over chunks of at most 32 rows:
+        half of vLLM's 64-row chunks, which chunk_indices / chunk_offsets still count (SPLIT = 2). The pair
+        (kda_prologue, kda_wu) covers every gate at the variant's chunk with its 16-row sub-blocks.
+    """
+    if lower_bound is None or lower_bound < FACTORED_DIAG_MIN_LOWER_BOUND:
+        return (f"the gate is not bounded by lower_bound >= {FACTORED_DIAG_MIN_LOWER_BOUND:.4f} "
+                f"(got {lower_bound})")
+    if not use_l2norm:
+        return "q and k are not L2-normed in kernel"
+    if chunk % 16:
+        return f"chunk {chunk} is not a multiple of 16"
+    return None
+
+
+def chunk_design(lower_bound: float | None, use_l2norm: bool, chunk: int, design: str | None = None) -> str:
+    """The chunk-parallel design of a plan: `design` when given, else KDAGEN_TRITON_DESIGN (an override for
+    experiments), else "intra" wherever it fits. An "intra" that does not fit is an error."""
+    why = intra_fits(lower_bound, use_l2norm, chunk)
+    source = "design"
+    if design is None and os.environ.get(DESIGN_ENV, "").strip():
+        design, source = os.environ[DESIGN_ENV].strip(), DESIGN_ENV
+    if design is None:
+        return "pair" if why is not None else "intra"
+    if design not in DESIGNS:
+        raise ValueError(f"{OP}: {source}={design!r}; use one of {', '.join(DESIGNS)}, or leave it unset for the "
+                         "plan's choice")
+    if design == "intra" and why is not None:
+        raise ValueError(f"{OP}: {source}='intra', but kda_intra cannot run this batch: {why}; use 'pair' or leave "
+                         "it unset")
+    return design
+
+
+def walk_split(design: str, chunk: int) -> int:
+    """Walk chunks per metadata chunk (the kernels' SPLIT)."""
+    return max(1, chunk // INTRA_CHUNK) if design == "intra" else 1
 
 
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
@@ -101,19 +153,24 @@ RUN_ORDER = ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale", "sq
 
 
 def workspace_layout(mod: ModuleType, T: int, H: int, n_chunks: int, N: int, groups: int,
-                     io: torch.dtype) -> WorkspaceLayout:
+                     io: torch.dtype, design: str = "pair") -> WorkspaceLayout:
     """What the prologue kernels write and the recurrence reads (docs/design.md section 1.4), token-major.
 
     The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
     workspace stays fp32 and CPU tests see the algorithm's own error; GPU runs store the I/O dtype.
+    kda_intra hands nothing to a second kernel (no tinv, rnorm) and its aqk and decay are per walk chunk.
     Group workspaces (fp32, G > 1): pass 1's operator rows [G - 1, N, H, BV + BK, BK] (B_g, then M_g) and
     the scanned start states [G, N, H, BV, BK].
     """
     io = torch.float32 if interpreting() else io
     f32 = torch.float32
+    split = walk_split(design, mod.CHUNK_SIZE)
+    wbt = mod.CHUNK_SIZE // split
     bufs = [("qg", (T, H, mod.BK), io), ("w", (T, H, mod.BK), io), ("kg", (T, H, mod.BK), io),
-            ("u", (T, H, mod.BV), io), ("aqk", (T, H, mod.CHUNK_SIZE), io), ("tinv", (T, H, mod.CHUNK_SIZE), io),
-            ("rnorm", (T, H, 2), f32), ("decay", (max(n_chunks, 1), H, mod.BK), f32)]
+            ("u", (T, H, mod.BV), io), ("aqk", (T, H, wbt), io)]
+    if design == "pair":
+        bufs += [("tinv", (T, H, wbt), io), ("rnorm", (T, H, 2), f32)]
+    bufs.append(("decay", (max(n_chunks * split, 1), H, mod.BK), f32))
     if groups > 1:
         bufs += [("group_op", (groups - 1, N, H, mod.BV + mod.BK, mod.BK), f32),
                  ("group_in", (groups, N, H, mod.BV, mod.BK), f32)]
@@ -133,8 +190,10 @@ class TritonProgram:
                  chunk_offsets: torch.Tensor, state_ins: tuple[int, ...], state_out: int,
                  state_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
                  device: torch.device, checkpoint_offsets: torch.Tensor | None = None,
-                 checkpoint_state_indices: torch.Tensor | None = None):
+                 checkpoint_state_indices: torch.Tensor | None = None, design: str = "pair"):
         tun = tuning
+        self.design = design
+        split = walk_split(design, mod.CHUNK_SIZE)
         self.groups = groups = check_groups(groups, OP)
         # Note [Compiled launch]: NVIDIA GPUs only; the interpreter has no compiled kernels.
         self.direct = direct = (not interpreting() and device.type == "cuda" and vendor_of(target) == "nvidia"
@@ -143,7 +202,17 @@ class TritonProgram:
         dot_f32 = interpreting()
         self.prologue: KernelLaunch | None = None
         self.wu: KernelLaunch | None = None
-        if n_chunks > 0 and H > 0:
+        self.intra: KernelLaunch | None = None
+        if n_chunks > 0 and H > 0 and design == "intra":
+            self.intra = KernelLaunch(
+                mod, KDA_INTRA, (n_chunks * split, H),
+                constexprs=dict(SPLIT=split, BLOCK_V=min(tun["intra_block_v"], mod.BV), HAS_BIAS=has_bias,
+                                DOT_F32=dot_f32, FP32_DOT=fp32_dot(target)),
+                options=dict(num_warps=tun["intra_warps"], num_stages=tun["intra_stages"]),
+                static=dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=lb, H=H, qg_ws=ws["qg"],
+                            w_ws=ws["w"], kg_ws=ws["kg"], u_ws=ws["u"], aqk_ws=ws["aqk"], decay_ws=ws["decay"]),
+                run_order=RUN_ORDER, direct=direct)
+        elif n_chunks > 0 and H > 0:
             chunk_static = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=lb, H=H)
             gates = dict(LOWER_BOUND=lower_bound is not None, HAS_BIAS=has_bias, DOT_F32=dot_f32)
             self.prologue = KernelLaunch(
@@ -186,7 +255,7 @@ class TritonProgram:
                 return KernelLaunch(
                     mod, KDA_RECURRENCE, grid,
                     constexprs=dict(BLOCK_V=block, STATE_IN=state_in, STATE_OUT=state_out, PASS=pass_,
-                                    DOT_F32=dot_f32, CHECKPOINT=mode),
+                                    DOT_F32=dot_f32, CHECKPOINT=mode, SPLIT=split),
                     options=dict(num_warps=tun["recurrence_warps"],
                                  num_stages=recurrence_stages(tun, grid[0] * grid[1] * grid[2], sms)),
                     static={**walk_static, **ck}, run_order=RUN_ORDER, direct=direct)
@@ -200,7 +269,7 @@ class TritonProgram:
                 scan_rows = min(SCAN_ROWS, mod.BV)
                 scan = KernelLaunch(
                     mod, KDA_GROUP_SCAN, (N * H, triton.cdiv(mod.BV, scan_rows)),
-                    constexprs=dict(BLOCK_V=scan_rows, STATE_IN=state_in, FP32_DOT=fp32_dot(target)),
+                    constexprs=dict(BLOCK_V=scan_rows, STATE_IN=state_in, FP32_DOT=fp32_dot(target), SPLIT=split),
                     options=dict(num_warps=4, num_stages=1),
                     static=dict(group_op=group_op, group_in=group_in, state_indices=idx, has_initial_state=flag,
                                 cu_seqlens=cu_seqlens, H=H, n_seq=N, G=groups),
@@ -209,12 +278,14 @@ class TritonProgram:
                                         walk(2, mod.HEAD_DIM_V, groups, block_v, state_in))
 
     def launches(self, state_in: int) -> tuple[KernelLaunch, ...]:
-        pre = tuple(x for x in (self.prologue, self.wu) if x is not None)
+        pre = tuple(x for x in (self.intra, self.prologue, self.wu) if x is not None)
         return pre + self.walks.get(state_in, ())
 
     def run(self, values: list, state_in: int) -> None:
         key = spec_key(values) if self.direct else None
-        if self.prologue is not None:
+        if self.intra is not None:
+            self.intra(values, key)
+        elif self.prologue is not None:
             self.prologue(values, key)
             self.wu(values, key)  # type: ignore[misc]
         for launch in self.walks.get(state_in, ()):

@@ -17,6 +17,11 @@ class TritonTuning:
     wu_warps: int = 4
     wu_stages: int = 1
     wu_block_k: int = 64
+    # kda_intra (the pair's work in one program per half chunk, where the plan picks it): warps, stages and
+    # the width of u's column slices.
+    intra_warps: int = 4
+    intra_stages: int = 1
+    intra_block_v: int = 64
     recurrence_warps: int = 4
     recurrence_stages: int = 2
     # Stages of a walk launch with no more programs than the GPU has SMs: each program has an SM to itself,

@@ -59,10 +59,10 @@ def test_compiles_for_target(e, target, capsys):
     assert not misses, (f"{e.name} on {target} misses the AMD budget (tuning.triton.{target} in {e.spec}; "
                         f"tools/amd_triton_sweep.py sweeps it): " + "; ".join(misses))
     # The fp32-accurate products (the group scan, the inverse's off-diagonal blocks in every prologue
-    # mode): fp32 MFMA on CDNA, tf32 (x3) tensor cores on sm_90.
+    # mode and in kda_intra): fp32 MFMA on CDNA, tf32 (x3) tensor cores on sm_90.
     want = "v_mfma_f32_16x16x4_f32" if TARGETS[target].vendor == "amd" else ".tf32.tf32."
     for r in reports:
-        if r.kernel.split("[")[0] in ("kda_group_scan", "kda_prologue"):
+        if r.kernel.split("[")[0] in ("kda_group_scan", "kda_prologue", "kda_intra"):
             assert any(want in m for m in r.mma), f"{r.kernel} on {target}: no {want} in {sorted(set(r.mma))}"
     # Both stage counts of the walk compile where the spec gives two (the sparse one for small launches).
     tun = mod.TUNING[target]

@@ -45,9 +45,14 @@ def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning(monkeypatch):
         call()
         # The returned callable launches that kernel alone, with the given tuning.
         assert launched == [(f"kda_{kernel}", tun[f"{kernel}_block_k"], tun[f"{kernel}_warps"])]
-    out = torch.full_like(args["v"], float("nan"))  # poisoned: an unwritten element fails the check
-    kernel_call(mod, tun, "recurrence", args, ci, co, out=out)()
-    assert rel_l2(out, ref_o) < 1e-2
+    call = kernel_call(mod, tun, "intra", args, ci, co)
+    launched.clear()
+    call()
+    assert launched == [("kda_intra", None, tun["intra_warps"])]
+    for design in ("intra", "pair"):
+        out = torch.full_like(args["v"], float("nan"))  # poisoned: an unwritten element fails the check
+        kernel_call(mod, tun, "recurrence", args, ci, co, out=out, design=design)()
+        assert rel_l2(out, ref_o) < 1e-2
 
 
 def _flashkda_fwd_float64(calls: list):

@@ -18,7 +18,6 @@ import kdagen_kernels
 from kdagen.runtime import dispatch
 from kdagen.reference import chunk_kda_prefill_reference
 from kdagen.runtime import metadata as md
-from kdagen.targets import vendor_of
 from tests.kda_cases import make_inputs, poisoned_out
 from tests.tolerances import check
 
@@ -245,17 +244,19 @@ def test_group_scan_state_cache_in_place(monkeypatch):
         assert torch.equal(cache[r], before[r])
 
 
-AMD_TARGETS = sorted({t for e in TRITON for t in e.targets if vendor_of(t) == "amd"})
+TARGETS = sorted({t for e in TRITON for t in e.targets})
 
 
-@pytest.mark.parametrize("target", AMD_TARGETS)
-@pytest.mark.parametrize("wide,groups", [(False, 3), (True, 1)], ids=["small-group_scan", "k_ne_v-plain_walk"])
-def test_amd_target_tuning_block_sizes(monkeypatch, target, wide, groups):
-    # The interpreter ignores num_warps and num_stages but not the block sizes, which change the code: each AMD
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("wide,groups,design", [(False, 3, None), (True, 1, "pair"), (True, 1, "intra")],
+                         ids=["small-group_scan", "k_ne_v-plain_walk-pair", "k_ne_v-plain_walk-intra"])
+def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
+    # The interpreter ignores num_warps and num_stages but not the block sizes, which change the code: each
     # target's own tuning (KDAGEN_TARGET picks it, as the device would) runs its V slices (block_v, pass 1's
-    # too) and column slices (prologue_block_k, wu_block_k) against the reference: the group scan's three
-    # launches on the smallest variant (softplus gate), the plain walk with K != V (kda_wu's u slices walk V,
-    # the walk's slices a V wider than K; bounded gate).
+    # too, intra_block_v) and column slices (prologue_block_k, wu_block_k) against the reference: the group
+    # scan's three launches on the smallest variant (softplus gate: the pair), the plain walk with K != V
+    # (kda_wu's and kda_intra's u slices walk V, the walk's slices a V wider than K; bounded gate). sm_90's
+    # 64-row V slices on kda_intra's 32-row chunks take the walk's transposed products.
     monkeypatch.setenv("KDAGEN_TARGET", target)
     e = max(TRITON, key=lambda e: (e.head_dim_v - e.head_dim_k, e.dtype == "bf16")) if wide else _small()
     c, H, K, V = e.chunk_size, _heads(e), e.head_dim_k, e.head_dim_v
@@ -264,16 +265,53 @@ def test_amd_target_tuning_block_sizes(monkeypatch, target, wide, groups):
     plan = kdagen_kernels.plan_kda_prefill(
         args["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=V, dtype=DTYPES[e.dtype], device="cpu",
         lower_bound=args["lower_bound"], has_g_bias=True, use_qk_l2norm_in_kernel=True, output_final_state=True,
-        groups=groups)
+        groups=groups, design=design)
     mod = e.load()
     tun = mod.TUNING[target]
-    assert (plan.target, plan.tuning, plan.groups) == (target, tun, groups)
+    assert (plan.target, plan.tuning, plan.groups, plan.design) == (target, tun, groups, design or "pair")
     walks = plan.program.walks[1]  # the dense initial state
-    assert plan.program.prologue.constexprs["BLOCK_K"] == tun["prologue_block_k"]
-    assert plan.program.wu.constexprs["BLOCK_K"] == tun["wu_block_k"]
+    if plan.design == "pair":
+        assert plan.program.prologue.constexprs["BLOCK_K"] == tun["prologue_block_k"]
+        assert plan.program.wu.constexprs["BLOCK_K"] == tun["wu_block_k"]
+    else:
+        assert plan.program.intra.constexprs["BLOCK_V"] == min(tun["intra_block_v"], mod.BV)
     assert walks[-1].constexprs["BLOCK_V"] == min(tun["block_v"], mod.BV)
     layer = {n: args[n] for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias")}
     o, s = plan.run(**layer, initial_state=args["initial_state"], out=poisoned_out(args["v"]))
     ref_o, ref_s = chunk_kda_prefill_reference(**args)
     check(f"{e.name} on {target}'s tuning, output", o, ref_o, _out(e))
     check(f"{e.name} on {target}'s tuning, final state", s, ref_s, _state(e))
+
+
+@pytest.mark.parametrize("design", ["intra", "pair"])
+def test_both_chunk_parallel_designs_match_reference(design):
+    # Half-chunk edges: sequences ending on a 32-row boundary (96), inside a first half (31, 33), a 64-row
+    # chunk whose second half is empty (70 = 64 + 6), T = 0 and T = 1; K != V. The walk of "intra" steps
+    # over half chunks while the metadata counts vLLM's 64-row chunks.
+    e = next(e for e in TRITON if e.head_dim_k != e.head_dim_v and e.chunk_size == 64)
+    args = make_inputs([96, 70, 0, 1, 33, 31], 1, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", seed=21)
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    cu = args["cu_seqlens"]
+    plan = kdagen_kernels.plan_kda_prefill(
+        cu, cu, num_heads=1, head_dim_k=e.head_dim_k, head_dim_v=e.head_dim_v, dtype=DTYPES[e.dtype],
+        lower_bound=args["lower_bound"], has_g_bias=True, use_qk_l2norm_in_kernel=True, output_final_state=True,
+        design=design)
+    assert plan.design == design
+    o, s = plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"], args["g_bias"],
+                    initial_state=args["initial_state"], out=poisoned_out(args["v"]))
+    check(f"{design} output", o, ref_o, _out(e))
+    check(f"{design} final state", s, ref_s, _state(e))
+
+
+def test_intra_design_refused_where_it_does_not_fit():
+    e = _small()
+    args = make_inputs([5], 1, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", lower_bound=-8.0, seed=22)
+    cu = args["cu_seqlens"]
+    with pytest.raises(ValueError, match="kda_intra cannot run this batch: the gate is not bounded"):
+        kdagen_kernels.plan_kda_prefill(cu, cu, num_heads=1, head_dim_k=e.head_dim_k, head_dim_v=e.head_dim_v,
+                                        dtype=DTYPES[e.dtype], lower_bound=-8.0, has_g_bias=True,
+                                        use_qk_l2norm_in_kernel=True, design="intra")
+    plan = kdagen_kernels.plan_kda_prefill(cu, cu, num_heads=1, head_dim_k=e.head_dim_k, head_dim_v=e.head_dim_v,
+                                           dtype=DTYPES[e.dtype], lower_bound=-8.0, has_g_bias=True,
+                                           use_qk_l2norm_in_kernel=True)
+    assert plan.design == "pair"

@@ -47,7 +47,7 @@ def test_impls_by_short_or_full_name():
         pick_impls(avail, ["fla"])
     with pytest.raises(SystemExit, match="flashkda is not available here"):
         pick_impls(avail, ["flashkda"])
-    with pytest.raises(SystemExit, match="choose from triton, fused, fla, flashkda"):
+    with pytest.raises(SystemExit, match="choose from triton, triton-pair, fused, fla, flashkda"):
         pick_impls(avail, ["flash"])
     peers = {"fla-safe-gate": 3, "flashkda": 4}
     assert pick_impls(peers, ["flashkda", "fla"]) == {"flashkda": 4, "fla-safe-gate": 3}

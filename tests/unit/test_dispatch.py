@@ -239,26 +239,69 @@ class _FakeKernel:
         return launch
 
 
-def _program(monkeypatch, *, BK, BV, V, T, N, H, groups, sms, tun=None):
+def _program(monkeypatch, *, BK, BV, V, T, N, H, groups, sms, tun=None, design="pair"):
     from kdagen.runtime import triton_path
 
     calls = []
-    names = ("kda_prologue", "kda_wu", "kda_recurrence", "kda_group_scan")
+    names = ("kda_prologue", "kda_wu", "kda_intra", "kda_recurrence", "kda_group_scan")
     mod = types.SimpleNamespace(BK=BK, BV=BV, HEAD_DIM_V=V, CHUNK_SIZE=64, **{n: _FakeKernel(n, calls) for n in names})
     monkeypatch.setattr(triton_path, "device_sms", lambda device: sms)
     tun = tun or {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 2, "recurrence_stages_sparse": 2,
                   "prologue_block_k": 32, "prologue_warps": 1, "prologue_stages": 1, "wu_block_k": 64,
-                  "wu_warps": 4, "wu_stages": 1}
-    layout = triton_path.workspace_layout(mod, T, H, 1, N, groups, torch.bfloat16)
+                  "wu_warps": 4, "wu_stages": 1, "intra_warps": 8, "intra_stages": 1, "intra_block_v": 32}
+    layout = triton_path.workspace_layout(mod, T, H, 2, N, groups, torch.bfloat16, design)
     ws = layout.views(torch.empty(layout.nbytes, dtype=torch.uint8))
     cu = torch.zeros(N + 1, dtype=torch.int32)
     program = triton_path.TritonProgram(
         mod, target="sm_90", tuning=tun, ws=ws, H=H, N=N, n_chunks=2, groups=groups, lower_bound=-5.0,
         has_bias=True, use_l2norm=True, cu_seqlens=cu, chunk_indices=torch.zeros(2, 2, dtype=torch.int32),
         chunk_offsets=torch.zeros(N + 1, dtype=torch.int64), state_ins=(0, 1), state_out=1, state_indices=None,
-        has_initial_state=None, device=torch.device("cpu"))
+        has_initial_state=None, device=torch.device("cpu"), design=design)
     values = [0] * len(triton_path.RUN_ORDER)
     return program, values, calls
+
+
+def test_intra_design_launches_one_kernel_per_half_chunk(monkeypatch):
+    # kda_intra on 2 x n_chunks programs per head, then the walk and the group scan on half chunks (SPLIT 2);
+    # the pair's hand-off buffers are not allocated.
+    from kdagen.runtime import triton_path
+
+    program, values, calls = _program(monkeypatch, BK=128, BV=128, V=128, T=100, N=2, H=3, groups=2, sms=None,
+                                      design="intra")
+    program.run(values, 1)
+    assert [(n, g) for n, g, *_ in calls] == [("kda_intra", (4, 3)), ("kda_recurrence", (6, 4, 1)),
+                                              ("kda_group_scan", (6, 8)), ("kda_recurrence", (6, 2, 2))]
+    launches = program.launches(1)
+    assert [x.constexprs["SPLIT"] for x in launches] == [2, 2, 2, 2]
+    mod = types.SimpleNamespace(BK=128, BV=128, CHUNK_SIZE=64)
+    intra = triton_path.workspace_layout(mod, 100, 3, 2, 2, 1, torch.bfloat16, "intra")
+    pair = triton_path.workspace_layout(mod, 100, 3, 2, 2, 1, torch.bfloat16, "pair")
+    assert {b.name: b.shape for b in intra.buffers} == {
+        "qg": (100, 3, 128), "w": (100, 3, 128), "kg": (100, 3, 128), "u": (100, 3, 128), "aqk": (100, 3, 32),
+        "decay": (4, 3, 128)}
+    assert {b.name: b.shape for b in pair.buffers}["decay"] == (2, 3, 128) and intra.nbytes < pair.nbytes
+
+
+def test_chunk_design_follows_the_gate_and_the_norm(monkeypatch):
+    from kdagen.runtime.triton_path import DESIGN_ENV, chunk_design, walk_split
+
+    monkeypatch.delenv(DESIGN_ENV, raising=False)
+    # kda_intra's factors span 16 rows of decay (DIAG_REF 2's bound) on L2-normed q, k.
+    assert [chunk_design(lb, True, 64) for lb in (-1.0, -5.0, -5.415)] == ["intra"] * 3
+    assert [chunk_design(lb, True, 64) for lb in (-5.42, -8.0, None)] == ["pair"] * 3
+    assert chunk_design(-5.0, False, 64) == "pair"
+    assert chunk_design(-5.0, True, 64, "pair") == "pair"
+    with pytest.raises(ValueError, match="kda_intra cannot run this batch: q and k are not L2-normed"):
+        chunk_design(-5.0, False, 64, "intra")
+    with pytest.raises(ValueError, match="use one of intra, pair"):
+        chunk_design(-5.0, True, 64, "fast")
+    monkeypatch.setenv(DESIGN_ENV, "pair")
+    assert chunk_design(-5.0, True, 64) == "pair"
+    monkeypatch.setenv(DESIGN_ENV, "intra")
+    with pytest.raises(ValueError, match=f"{DESIGN_ENV}='intra', but kda_intra cannot run this batch: the gate"):
+        chunk_design(None, True, 64)
+    assert (walk_split("intra", 64), walk_split("intra", 32), walk_split("intra", 16), walk_split("pair", 64)) == \
+        (2, 1, 1, 1)
 
 
 def test_recurrence_passes_and_their_row_blocks(monkeypatch):

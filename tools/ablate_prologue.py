@@ -117,8 +117,8 @@ EDITS = {
     "prologue: Aqk half alone": _halves("qk"),
     "prologue: Akk + inverse half alone": _halves("kk"),
     "kda_wu: no K walk": _nth(r"for kk in range\(0, (\d+), BLOCK_K\):", 1, r"for kk in range(0, 0, BLOCK_K):"),
-    "kda_wu: no u walk": lambda s: re.sub(r"for vv in range\(0, (\d+), BLOCK_K\):", r"for vv in range(0, 0, BLOCK_K):",
-                                          s),
+    "kda_wu: no u walk": lambda s: s.replace("_u_slices(v, u_ws, b_T, b_beta, tok, ws, m_t, i_h, sv_t, sv_h, BLOCK_K, "
+                                             "DOT_F32)", "pass"),
     # kda_wu runs at 54% of the copy bandwidth (docs/perf-notes.md, next steps): which of its stages costs.
     "kda_wu: no gate cumsum": _with_helpers(lambda s: re.sub(_WU_CUMSUM, r"b_G = \1", s)),
     "kda_wu: cumsum on matrix units": _with_helpers(lambda s: re.sub(_WU_CUMSUM, r"b_G = _cumsum_mma(\1, DOT_F32)", s)),

@@ -83,7 +83,7 @@ class KdaPrefillPlan:
         if (why := refused_config(target, tun)) is not None:
             raise ValueError(f"{OP}: tuning {tun} refused on {target}: {why}")
         n_chunks = ci.shape[0]
-        self.design = design = chunk_design(b.lower_bound, b.use_qk_l2norm, entry.chunk_size, design)
+        self.design = design = chunk_design(b.lower_bound, b.use_qk_l2norm, design)
         # The group count's model counts metadata chunks and was fitted on whole-chunk walks; kda_intra's walk
         # takes twice the steps at about half the work each (7-9% slower in all, docs/perf-notes.md section 23).
         # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.

@@ -53,7 +53,7 @@ def diag_ref(lower_bound: float | None) -> int:
     return 2 if lower_bound >= FACTORED_DIAG_MIN_LOWER_BOUND else 1
 
 
-def intra_fits(lower_bound: float | None, use_l2norm: bool, chunk: int) -> str | None:
+def intra_fits(lower_bound: float | None, use_l2norm: bool) -> str | None:
     """Why kda_intra cannot run a batch, or None.
 
     Note [Chunk-parallel design]
@@ -69,15 +69,13 @@ def intra_fits(lower_bound: float | None, use_l2norm: bool, chunk: int) -> str |
                 f"(got {lower_bound})")
     if not use_l2norm:
         return "q and k are not L2-normed in kernel"
-    if chunk % 16:
-        return f"chunk {chunk} is not a multiple of 16"
     return None
 
 
-def chunk_design(lower_bound: float | None, use_l2norm: bool, chunk: int, design: str | None = None) -> str:
+def chunk_design(lower_bound: float | None, use_l2norm: bool, design: str | None = None) -> str:
     """The chunk-parallel design of a plan: `design` when given, else KDAGEN_TRITON_DESIGN (an override for
     experiments), else "intra" wherever it fits. An "intra" that does not fit is an error."""
-    why = intra_fits(lower_bound, use_l2norm, chunk)
+    why = intra_fits(lower_bound, use_l2norm)
     source = "design"
     if design is None and os.environ.get(DESIGN_ENV, "").strip():
         design, source = os.environ[DESIGN_ENV].strip(), DESIGN_ENV
@@ -192,7 +190,6 @@ class TritonProgram:
                  device: torch.device, checkpoint_offsets: torch.Tensor | None = None,
                  checkpoint_state_indices: torch.Tensor | None = None, design: str = "pair"):
         tun = tuning
-        self.design = design
         split = walk_split(design, mod.CHUNK_SIZE)
         self.groups = groups = check_groups(groups, OP)
         # Note [Compiled launch]: NVIDIA GPUs only; the interpreter has no compiled kernels.

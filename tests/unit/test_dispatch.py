@@ -287,19 +287,19 @@ def test_chunk_design_follows_the_gate_and_the_norm(monkeypatch):
 
     monkeypatch.delenv(DESIGN_ENV, raising=False)
     # kda_intra's factors span 16 rows of decay (DIAG_REF 2's bound) on L2-normed q, k.
-    assert [chunk_design(lb, True, 64) for lb in (-1.0, -5.0, -5.415)] == ["intra"] * 3
-    assert [chunk_design(lb, True, 64) for lb in (-5.42, -8.0, None)] == ["pair"] * 3
-    assert chunk_design(-5.0, False, 64) == "pair"
-    assert chunk_design(-5.0, True, 64, "pair") == "pair"
+    assert [chunk_design(lb, True) for lb in (-1.0, -5.0, -5.415)] == ["intra"] * 3
+    assert [chunk_design(lb, True) for lb in (-5.42, -8.0, None)] == ["pair"] * 3
+    assert chunk_design(-5.0, False) == "pair"
+    assert chunk_design(-5.0, True, "pair") == "pair"
     with pytest.raises(ValueError, match="kda_intra cannot run this batch: q and k are not L2-normed"):
-        chunk_design(-5.0, False, 64, "intra")
+        chunk_design(-5.0, False, "intra")
     with pytest.raises(ValueError, match="use one of intra, pair"):
-        chunk_design(-5.0, True, 64, "fast")
+        chunk_design(-5.0, True, "fast")
     monkeypatch.setenv(DESIGN_ENV, "pair")
-    assert chunk_design(-5.0, True, 64) == "pair"
+    assert chunk_design(-5.0, True) == "pair"
     monkeypatch.setenv(DESIGN_ENV, "intra")
     with pytest.raises(ValueError, match=f"{DESIGN_ENV}='intra', but kda_intra cannot run this batch: the gate"):
-        chunk_design(None, True, 64)
+        chunk_design(None, True)
     assert (walk_split("intra", 64), walk_split("intra", 32), walk_split("intra", 16), walk_split("pair", 64)) == \
         (2, 1, 1, 1)
 

@@ -184,7 +184,7 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
     """The builds tests/aot/test_aot_triton.py checks, each compiled once: every kernel and recurrence pass
     (the sparse stage counts and the group scan included) with a bounded gate (DIAG_REF 2: kda_intra and the
     walk on its half chunks) and the paged state, the superset of the dense one; the prologue with DIAG_REF 1;
-    the prologue, kda_wu and the plain walk on whole chunks with the softplus gate (DIAG_REF 0,
+    the prologue, kda_wu, the walk's passes and the group scan on whole chunks with the softplus gate (DIAG_REF 0,
     kdagen.runtime.triton_path.diag_ref) and the dense state. The extra modes' reports are named kernel[dr1]
     and kernel[dr0]."""
     def only(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -194,7 +194,9 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
                               tuning=tuning)
     for tag, lower_bound, diag_ref, state_mode, names in (("dr1", True, 1, 2, ("kda_prologue",)),
                                                           ("dr0", False, 0, 1, ("kda_prologue", "kda_wu",
-                                                                                "kda_recurrence"))):
+                                                                                "kda_recurrence", "kda_recurrence_p1",
+                                                                                "kda_recurrence_p2",
+                                                                                "kda_group_scan"))):
         if not only(names):
             continue
         for rep in compile_variant(mod, target, lower_bound=lower_bound, diag_ref=diag_ref, state_mode=state_mode,

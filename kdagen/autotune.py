@@ -270,16 +270,28 @@ def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=N
     recurrence writes `out` (a new tensor if None). design: the plan's (triton_path.chunk_design); the pair's
     kernels always run in "pair"."""
     import kdagen_kernels
-    from kdagen.runtime.planning import plan_kda_prefill
+    from kdagen.runtime import planning
+    from kdagen.runtime.device import target_of
 
     q, v = args["q"], args["v"]
     cu = args["cu_seqlens"]
     entry = next(e for e in kdagen_kernels.VARIANTS if e.backend == "triton" and e.name == mod.NAME)
-    plan = plan_kda_prefill(
-        (entry,), cu, cu.cpu(), num_heads=q.shape[2], head_dim_k=q.shape[3], head_dim_v=v.shape[3],
-        dtype=q.dtype, lower_bound=args["lower_bound"], has_g_bias=args["g_bias"] is not None,
-        use_qk_l2norm_in_kernel=True, chunk_indices=ci, chunk_offsets=co, output_final_state=True, tuning=tun,
-        design="pair" if kernel in PAIR_KERNELS else design)
+    # The plan launches the kernels of `mod` itself, which may be an edited copy of the variant's module
+    # (tools/ablate_*.py), not the one the planner would load.
+    key = planning.module_key(entry, target_of(q.device))
+    loaded = planning._loaded.get(key)
+    planning._loaded[key] = mod
+    try:
+        plan = planning.plan_kda_prefill(
+            (entry,), cu, cu.cpu(), num_heads=q.shape[2], head_dim_k=q.shape[3], head_dim_v=v.shape[3],
+            dtype=q.dtype, lower_bound=args["lower_bound"], has_g_bias=args["g_bias"] is not None,
+            use_qk_l2norm_in_kernel=True, chunk_indices=ci, chunk_offsets=co, output_final_state=True, tuning=tun,
+            design="pair" if kernel in PAIR_KERNELS else design)
+    finally:
+        if loaded is None:
+            del planning._loaded[key]
+        else:
+            planning._loaded[key] = loaded
     values, state_in, *_ = plan.bind(q, args["k"], v, args["raw_g"], args["raw_beta"], args["A_log"],
                                      args["g_bias"], q.shape[3] ** -0.5, args["initial_state"], out, None)
     program = plan.program

@@ -141,7 +141,7 @@ def load_edited(src: str, name: str, tmp: Path):
     return mod
 
 
-def error_of(mod, tun, adversarial: bool) -> float:
+def error_of(mod, tun, adversarial: bool, design: str | None = "pair") -> float:
     args, ci, co = make_inputs(4, [0, 1, 63, 64, 200, 130], seed=1)
     if adversarial:
         # Near-duplicate keys, beta ~0.95, K3-like gate biases (almost no decay): the inverse's hard case.
@@ -152,7 +152,7 @@ def error_of(mod, tun, adversarial: bool) -> float:
         args["g_bias"] = -7.8 + 6.4 * torch.rand(args["g_bias"].shape, device="cuda", generator=g)
     ref_o, _ = chunk_kda_prefill_reference(**args)
     out = torch.full_like(args["v"], float("nan"))
-    kernel_call(mod, tun, "recurrence", args, ci, co, out=out)()
+    kernel_call(mod, tun, "recurrence", args, ci, co, out=out, design=design)()
     return rel_l2(out, ref_o)
 
 

@@ -24,8 +24,12 @@ log = logging.getLogger("kdagen")
 _loaded: dict[str, ModuleType] = {}
 
 
+def module_key(entry: VariantEntry, target: str) -> str:
+    return f"{entry.name}@{target}"
+
+
 def _module(entry: VariantEntry, target: str) -> ModuleType:
-    key = f"{entry.name}@{target}"
+    key = module_key(entry, target)
     mod = _loaded.get(key)
     if mod is None:
         if not interpreting():

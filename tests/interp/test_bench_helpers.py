@@ -5,6 +5,8 @@ they say)."""
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 import kdagen_kernels
@@ -53,6 +55,28 @@ def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning(monkeypatch):
         out = torch.full_like(args["v"], float("nan"))  # poisoned: an unwritten element fails the check
         kernel_call(mod, tun, "recurrence", args, ci, co, out=out, design=design)()
         assert rel_l2(out, ref_o) < 1e-2
+
+
+def test_kernel_call_launches_the_kernels_of_the_module_it_is_given():
+    # tools/ablate_*.py time edited copies of a variant's module: the copy's kernels must be the ones run.
+    e = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k64_v64_c64")
+    mod = e.load()
+    grids = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return mod.kda_intra[grid]
+
+    edited = types.ModuleType(mod.__name__ + "_edited")
+    edited.__dict__.update(mod.__dict__)
+    edited.kda_intra = Spy()
+    args, ci, co = make_inputs(2, [5, 70], K=64, V=64, seed=4, device="cpu")
+    kernel_call(edited, triton_path.tuning_for(mod, "interpreter"), "intra", args, ci, co, design="intra")()
+    assert grids == [(2 * len(ci), 2)]
+    grids.clear()
+    kernel_call(mod, triton_path.tuning_for(mod, "interpreter"), "intra", args, ci, co, design="intra")()
+    assert grids == []
 
 
 def _flashkda_fwd_float64(calls: list):

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Place time inside kda_intra without hardware counters (GPU).
+
+Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/ablate_intra.py [--rows REGEX] [H:T:N ...]
+
+As tools/ablate_prologue.py does for the kernel pair: each row is the generated module with one edit to
+kda_intra's body (a stage left out, or done another way), and kda_intra is timed alone on the same inputs
+(`triton.testing.do_bench` median); the difference to `base` is what the stage costs. Rows that leave a stage
+out are wrong by design; the error columns (a small ragged call and the near-duplicate-key case against the
+float64 reference, kda_intra and the walk) say which rows are real candidates.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+import kdagen_kernels
+from kdagen.autotune import kernel_call
+from kdagen.bench import shape_inputs
+from kdagen.runtime.device import target_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablate_prologue import error_of, load_edited  # noqa: E402
+
+SHAPES = [(96, 16384, 16)]
+_NO_STORE = "@triton.jit\ndef _no_store(ptr, value, mask):\n    pass\n\n\n"
+_FAST_DIV = "from triton.language.extra import libdevice\n"
+
+
+def _intra(edit):
+    """An edit of kda_intra's body alone (the pair's kernels share helpers and names)."""
+    def apply(src: str) -> str:
+        i = src.index("def kda_intra(")
+        j = src.index("@triton.jit", i)
+        return src[:i] + edit(src[i:j]) + src[j:]
+    return apply
+
+
+def _helpers(edit, head: str = ""):
+    return lambda s: (head + edit(s)).replace("@triton.jit\ndef kda_prologue(", _NO_STORE + "@triton.jit\ndef kda_prologue(", 1)
+
+
+EDITS = {
+    "base": lambda s: s,
+    "no substitution": _intra(lambda s: re.sub(r"for r in range\(1, (\d+)\):", "for r in range(1, 1):", s)),
+    "no off-diagonal correction": _intra(lambda s: re.sub(r"b_T = b_T - _mm32\(.*\n", "b_T = b_T\n", s)),
+    "no Akk / Aqk products": _intra(lambda s: re.sub(r"_mma_wide\([^)]*\)", "zeros", s)),
+    "no inverse at all": _intra(lambda s: re.sub(r"for r in range\(1, (\d+)\):", "for r in range(1, 1):",
+                                                 re.sub(r"b_T = b_T - _mm32\(.*\n", "b_T = b_T\n", s))),
+    "gate: fast division": _helpers(lambda s: s.replace(
+        "(lower_bound * RCP_LN2) / (1.0 + b_e)", "libdevice.fast_dividef(lower_bound * RCP_LN2, 1.0 + b_e)"),
+        _FAST_DIV),
+    "beta: fast sigmoid": _helpers(_intra(lambda s: s.replace(
+        "tl.sigmoid(b_beta)", "libdevice.fast_dividef(1.0, 1.0 + tl.exp(-b_beta))")), _FAST_DIV),
+    "no gate activation": lambda s: s.replace("(lower_bound * RCP_LN2) / (1.0 + b_e)", "b_z.to(tl.float32) * c"),
+    "no gate cumsum": _intra(lambda s: re.sub(r"b_G = tl\.cumsum\((_chunk_gate\([^;]*?True\)),\s*axis=0\)",
+                                              r"b_G = \1", s, flags=re.S)),
+    "no qg / kg stores": _helpers(_intra(lambda s: s.replace("tl.store(qg_ws + ", "_no_store(qg_ws + ")
+                                         .replace("tl.store(kg_ws + ", "_no_store(kg_ws + "))),
+    "no w (product and store)": _helpers(_intra(lambda s: s.replace("tl.store(w_ws + ", "_no_store(w_ws + "))),
+    "no u (v load, product, store)": _intra(lambda s: re.sub(r"\n(\s+)_u_slices\(.*?\)\n", "\n", s, flags=re.S)),
+    "no aqk store": _helpers(_intra(lambda s: s.replace("tl.store(aqk_ws + ", "_no_store(aqk_ws + "))),
+}
+# Tunings timed on the base module besides the spec's own.
+TUNINGS = [dict(intra_warps=4, intra_block_v=128), dict(intra_warps=4, intra_block_v=64),
+           dict(intra_warps=2, intra_block_v=64)]
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    rows = re.compile(argv.pop(argv.index("--rows") + 1)) if "--rows" in argv else None
+    argv = [a for a in argv if a != "--rows"]
+    shapes = [tuple(int(x) for x in a.split(":")) for a in argv] or SHAPES
+    entry = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k128_v128_c64")
+    src = Path(entry.load().__file__).read_text()
+    tun = dict(entry.load().TUNING[target_of(torch.device("cuda"))])
+    inputs = {s: shape_inputs(*s) for s in shapes}
+    print(f"kda_intra ms (do_bench median) per shape, tuning {tun}")
+    print(f"{'edit':34s} {'error':>9s} {'adv. err':>9s} " + " ".join(f"{f'{H}/{T}/{N}':>10s}" for H, T, N in shapes))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, edit) in enumerate(EDITS.items()):
+            if rows is not None and name != "base" and not rows.search(name):
+                continue
+            new = edit(src)
+            if name != "base" and new == src:
+                print(f"{name:34s} edit did not apply")
+                continue
+            try:
+                mod = load_edited(new, f"v{i}", Path(tmp))
+                err = error_of(mod, tun, False, design="intra")
+                adv = error_of(mod, tun, True, design="intra")
+                ms = [triton.testing.do_bench(kernel_call(mod, tun, "intra", *inputs[s], design="intra"),
+                                              return_mode="median") for s in shapes]
+                print(f"{name:34s} {err:9.2e} {adv:9.2e} " + " ".join(f"{t:10.3f}" for t in ms), flush=True)
+            except Exception as exc:
+                print(f"{name:34s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            if name == "base":
+                for extra in TUNINGS:
+                    t2 = {**tun, **extra}
+                    ms = [triton.testing.do_bench(kernel_call(mod, t2, "intra", *inputs[s], design="intra"),
+                                                  return_mode="median") for s in shapes]
+                    label = f"base, {extra['intra_warps']} warps, u slices {extra['intra_block_v']}"
+                    print(f"{label:34s} {'':9s} {'':9s} " + " ".join(f"{t:10.3f}" for t in ms), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -148,20 +148,36 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
         options.update(TRITON_COMPILE_OPTIONS)  # as every launch passes them
         if t.vendor == "amd":
             options["matrix_instr_nonkdim"] = 16
+        sig, attrs = _typical_call(kernel, sig, const, t.vendor)
         for build in builds:
             if build.endswith("_sparse"):
                 options = {**options, "num_stages": tun["recurrence_stages_sparse"]}
-            rep, asm = _compile(getattr(mod, kernel), sig, const, options, t, build, target)
+            rep, asm = _compile(getattr(mod, kernel), sig, const, attrs, options, t, build, target)
             reports.append((rep, asm) if keep_asm else rep)
     return reports
 
 
-def _compile(fn, sig: dict, const: dict, options: dict, t, name: str, target: str) -> tuple[KernelReport, str]:
+def _typical_call(kernel: str, sig: dict, const: dict, vendor: str) -> tuple[dict, dict]:
+    """The signature and attributes of the build the JIT makes for a call on contiguous tensors (16-byte
+    aligned pointers and strides, beta's head stride 1; schema.KernelABI.aot_specialization): the figures of
+    an unaligned build (scalar loads and stores) are not what users run. `const` takes the ints that are 1."""
+    import triton
+
+    ones, attrs = KDA_KERNELS[kernel].aot_specialization(
+        buffer_ops=vendor == "amd" and bool(triton.knobs.amd.use_buffer_ops))
+    const.update(ones)
+    sig = {**sig, **dict.fromkeys(ones, "constexpr")}
+    names = list(sig)
+    return sig, {i: a for i, a in attrs.items() if sig[names[i[0]]] != "constexpr"}
+
+
+def _compile(fn, sig: dict, const: dict, attrs: dict, options: dict, t, name: str,
+             target: str) -> tuple[KernelReport, str]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const),
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                        target=GPUTarget(t.triton_backend, t.triton_arch, t.warp_size), options=options)
     warps = options["num_warps"]
     rep = KernelReport(kernel=name, target=target, shared=int(k.metadata.shared), num_warps=warps)

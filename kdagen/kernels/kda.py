@@ -10,7 +10,13 @@ half chunks); chunk_indices and chunk_offsets always count the variant's (vLLM's
 
 from __future__ import annotations
 
-from .schema import KernelABI, constexpr, f32, i32, ptr
+from .schema import KernelABI, Param, constexpr, f32, i32, ptr
+
+
+def _al(name: str) -> Param:
+    # A stride that is a multiple of 16 on contiguous tensors (D, V x K, H x D with D in 16s); beta's [T, H]
+    # strides are H and 1 instead.
+    return i32(name, typical="aligned")
 
 _GATE_INPUTS = (
     ptr("q", "io"), ptr("k", "io"), ptr("raw_g", "io"), ptr("raw_beta", "io"), ptr("A_log", "fp32"),
@@ -22,7 +28,8 @@ KDA_PROLOGUE = KernelABI("kda_prologue", (
     *_GATE_INPUTS,
     ptr("aqk_ws", "io", writes=True), ptr("tinv_ws", "io", writes=True), ptr("rnorm_ws", "fp32", writes=True),
     f32("scale"), f32("lower_bound"),
-    i32("sq_t"), i32("sq_h"), i32("sk_t"), i32("sk_h"), i32("sg_t"), i32("sg_h"), i32("sb_t"), i32("sb_h"),
+    _al("sq_t"), _al("sq_h"), _al("sk_t"), _al("sk_h"), _al("sg_t"), _al("sg_h"),
+    i32("sb_t"), i32("sb_h", typical="one"),
     i32("H"),
     constexpr("BLOCK_K", "column-slice width"), constexpr("LOWER_BOUND", "the bounded (sigmoid) gate"),
     constexpr("HAS_BIAS"), constexpr("USE_L2NORM"), constexpr("DIAG_REF", "diagonal blocks' reference rows"),
@@ -35,8 +42,8 @@ KDA_WU = KernelABI("kda_wu", (
     ptr("qg_ws", "io", writes=True), ptr("w_ws", "io", writes=True), ptr("kg_ws", "io", writes=True),
     ptr("u_ws", "io", writes=True), ptr("decay_ws", "fp32", writes=True),
     f32("lower_bound"),
-    i32("sq_t"), i32("sq_h"), i32("sk_t"), i32("sk_h"), i32("sv_t"), i32("sv_h"), i32("sg_t"), i32("sg_h"),
-    i32("sb_t"), i32("sb_h"),
+    _al("sq_t"), _al("sq_h"), _al("sk_t"), _al("sk_h"), _al("sv_t"), _al("sv_h"), _al("sg_t"), _al("sg_h"),
+    i32("sb_t"), i32("sb_h", typical="one"),
     i32("H"),
     constexpr("BLOCK_K"), constexpr("LOWER_BOUND"), constexpr("HAS_BIAS"), constexpr("DOT_F32"),
 ))
@@ -46,8 +53,8 @@ KDA_INTRA = KernelABI("kda_intra", (
     ptr("qg_ws", "io", writes=True), ptr("w_ws", "io", writes=True), ptr("kg_ws", "io", writes=True),
     ptr("u_ws", "io", writes=True), ptr("aqk_ws", "io", writes=True), ptr("decay_ws", "fp32", writes=True),
     f32("scale"), f32("lower_bound"),
-    i32("sq_t"), i32("sq_h"), i32("sk_t"), i32("sk_h"), i32("sv_t"), i32("sv_h"), i32("sg_t"), i32("sg_h"),
-    i32("sb_t"), i32("sb_h"),
+    _al("sq_t"), _al("sq_h"), _al("sk_t"), _al("sk_h"), _al("sv_t"), _al("sv_h"), _al("sg_t"), _al("sg_h"),
+    i32("sb_t"), i32("sb_h", typical="one"),
     i32("H"),
     constexpr("SPLIT", "programs (walk chunks) per metadata chunk"), constexpr("BLOCK_V", "u's column slice"),
     constexpr("HAS_BIAS"), constexpr("DOT_F32"), constexpr("FP32_DOT"),
@@ -62,11 +69,11 @@ KDA_RECURRENCE = KernelABI("kda_recurrence", (
     ptr("cu_seqlens", "i32"), ptr("chunk_offsets", "i64"),
     ptr("group_op", "fp32", writes=True), ptr("group_in", "fp32", writes=True),
     f32("scale"),
-    i32("so_t"), i32("so_h"), i32("sh0_n"), i32("sh0_h"), i32("sht_n"), i32("sht_h"),
+    _al("so_t"), _al("so_h"), _al("sh0_n"), _al("sh0_h"), _al("sht_n"), _al("sht_h"),
     i32("H"), i32("n_slots"), i32("n_seq", specialize=False), i32("G", specialize=False),
     # Checkpoints (None each without them, and in pass 1: the kernel then compiles as if they did not exist).
     ptr("ckpt", "fp32", writes=True, doc="checkpoint_state [rows, H, V, K]"), ptr("ckpt_off", "i32"),
-    ptr("ckpt_idx", "i32"), i32("sck_n"), i32("n_ckpt_rows"),
+    ptr("ckpt_idx", "i32"), _al("sck_n"), i32("n_ckpt_rows"),
     constexpr("BLOCK_V"), constexpr("STATE_IN", "0 zeros, 1 dense, 2 paged"),
     constexpr("STATE_OUT", "0 none, 1 dense, 2 paged"), constexpr("PASS", "0 plain walk, 1 and 2 the group split"),
     constexpr("DOT_F32"), constexpr("CHECKPOINT", "0 none, 1 row n, 2 row ckpt_idx[n]"),
@@ -76,7 +83,7 @@ KDA_RECURRENCE = KernelABI("kda_recurrence", (
 KDA_GROUP_SCAN = KernelABI("kda_group_scan", (
     ptr("group_op", "fp32"), ptr("group_in", "fp32", writes=True), ptr("h0", "fp32"), ptr("state_indices", "i32"),
     ptr("has_initial_state", "i1"), ptr("cu_seqlens", "i32"),
-    i32("sh0_n"), i32("sh0_h"),
+    _al("sh0_n"), _al("sh0_h"),
     i32("H"), i32("n_slots"), i32("n_seq", specialize=False), i32("G", specialize=False),
     constexpr("BLOCK_V"), constexpr("STATE_IN"), constexpr("FP32_DOT"), constexpr("SPLIT"),
 ))

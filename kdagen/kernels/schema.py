@@ -44,10 +44,14 @@ class Param:
     writes: bool = False
     doc: str = ""
     specialize: bool = True  # False: int values Triton must not specialise on (do_not_specialize)
+    # An int's value in a call on contiguous tensors, as Triton's JIT specialises it: "one" (== 1, a constant),
+    # "aligned" (a multiple of 16) or "any". The offline builds (kdagen.aot) model that call.
+    typical: str = "any"
 
     def __post_init__(self) -> None:
         ok = {"ptr": self.dtype in PTR_DTYPES, "int": self.dtype in INT_TYPES, "float": self.dtype == "fp32",
               "constexpr": self.dtype == "", "stream": self.dtype == ""}.get(self.kind, False)
+        ok = ok and self.typical in ("any", "aligned", "one") and (self.kind == "int" or self.typical == "any")
         if not ok or not self.name.isidentifier():
             raise ValueError(f"bad kernel parameter {self!r}")
 
@@ -56,8 +60,8 @@ def ptr(name: str, dtype: str, *, writes: bool = False, doc: str = "") -> Param:
     return Param(name, "ptr", dtype, writes, doc)
 
 
-def i32(name: str, doc: str = "", *, specialize: bool = True) -> Param:
-    return Param(name, "int", "i32", doc=doc, specialize=specialize)
+def i32(name: str, doc: str = "", *, specialize: bool = True, typical: str = "any") -> Param:
+    return Param(name, "int", "i32", doc=doc, specialize=specialize, typical=typical)
 
 
 def i64(name: str, doc: str = "") -> Param:
@@ -152,6 +156,22 @@ class KernelABI:
             else:
                 sig[p.name] = p.dtype
         return sig
+
+    def aot_specialization(self, *, buffer_ops: bool = False) -> tuple[dict[str, int], dict[tuple[int], list]]:
+        """What Triton's JIT specialises on in a call on contiguous, 16-byte aligned tensors, for an offline
+        build of that call: the ints that are 1 there (constexprs {name: 1}) and the attributes (by parameter
+        index) of the 16-divisible pointers and ints; with buffer_ops (AMD's default for tensors within
+        2 GiB) pointers also get the 32-bit range that lets the backend use buffer loads and stores."""
+        ones: dict[str, int] = {}
+        attrs: dict[tuple[int], list] = {}
+        for i, p in enumerate(self.params):
+            if p.kind == "ptr":
+                attrs[(i,)] = [["tt.divisibility", 16]] + ([["tt.pointer_range", 32]] if buffer_ops else [])
+            elif p.kind == "int" and p.specialize and p.typical == "one":
+                ones[p.name] = 1
+            elif p.kind == "int" and p.specialize and p.typical == "aligned":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        return ones, attrs
 
     # ---- C (the HIP launchers)
     def c_params(self, indent: str = "    ") -> str:

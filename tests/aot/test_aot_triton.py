@@ -68,3 +68,16 @@ def test_compiles_for_target(e, target, capsys):
     tun = mod.TUNING[target]
     sparse = {r.kernel for r in reports if r.kernel.endswith("_sparse")}
     assert len(sparse) == (3 if tun["recurrence_stages_sparse"] != tun["recurrence_stages"] else 0), sparse
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
+def test_builds_are_those_of_an_aligned_contiguous_call(target):
+    # The figures above are those of the build users run: on aligned, contiguous tensors the JIT proves 16-byte
+    # accesses and vectorises them (kdagen.aot._typical_call). An unaligned build (scalar 2-byte loads, other
+    # register counts) would be checked instead if the specialisation were dropped.
+    from kdagen.aot import compile_variant
+
+    e = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k128_v128_c64")
+    ((rep, asm),) = compile_variant(e.load(), target, kernels=("kda_intra",), keep_asm=True)
+    wide = ("ld.global.v4.", "ld.global.nc.v4.") if target == "sm_90" else ("buffer_load_dwordx4", "global_load_dwordx4")
+    assert any(w in asm for w in wide), f"kda_intra on {target}: no 16-byte global load"

@@ -413,3 +413,31 @@ def test_compiled_launches_follow_the_specialisation_key():
     off([x, 32], spec_key([x, 32]))
     off([x, 32], spec_key([x, 32]))
     assert [how for how, _, _ in log] == ["jit", "jit"]
+
+
+def test_offline_builds_model_the_jit_specialisation_of_a_contiguous_call():
+    # kdagen.aot compiles what Triton's JIT builds for contiguous, aligned tensors: 16-divisible pointers and
+    # strides (attributes), ints equal to 1 as constants; AMD's buffer ops add the 32-bit pointer range.
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    from kdagen.kernels.kda import KDA_INTRA
+    from kdagen.kernels.schema import KernelABI, constexpr, i32, ptr
+
+    abi = KernelABI("kern", (ptr("x", "fp32"), i32("s", typical="aligned"), i32("n"), i32("one", typical="one"),
+                             i32("m", specialize=False, typical="aligned"), constexpr("B")))
+    assert abi.aot_specialization() == ({"one": 1}, {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]})
+    assert abi.aot_specialization(buffer_ops=True)[1][(0,)] == [["tt.divisibility", 16], ["tt.pointer_range", 32]]
+    # Each declared form is what the JIT makes of such a value.
+    assert native_specialize_impl(BaseBackend, 1, False, True, True)[0] == "constexpr"
+    assert native_specialize_impl(BaseBackend, 96 * 128, False, True, True)[1] == "D"
+    # kda_intra on q, k, v, raw_g [1, T, H, 128] and raw_beta [1, T, H] contiguous: beta's head stride is the one
+    # constant, its token stride (H) and H carry nothing, every other stride is aligned.
+    ones, attrs = KDA_INTRA.aot_specialization()
+    names = [p.name for p in KDA_INTRA.params]
+    aligned = {names[i] for (i,) in attrs}
+    assert ones == {"sb_h": 1}
+    assert {"sb_t", "H"}.isdisjoint(aligned)
+    assert {p.name for p in KDA_INTRA.params if p.kind == "ptr"} | {"sq_t", "sq_h", "sv_t", "sg_h"} <= aligned
+    with pytest.raises(ValueError):
+        ptr("x", "fp32").__class__("x", "ptr", "fp32", typical="aligned")

@@ -118,10 +118,10 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
     that of the design a batch of this gate gets (kda_intra's for diag_ref 2, the pair's otherwise)."""
     from kdagen.runtime.triton_path import SCAN_ROWS, walk_split
 
-    if split is None:
-        split = walk_split("intra" if diag_ref == 2 else "pair", mod.CHUNK_SIZE)
     t = TARGETS[target]
     tun = {**mod.TUNING[target], **(tuning or {})}
+    if split is None:
+        split = walk_split("intra" if diag_ref == 2 else "pair", mod.CHUNK_SIZE, tun["intra_rows"])
     reports = []
     for name, (kernel, sig, const) in _signatures(mod, target, lower_bound=lower_bound, diag_ref=diag_ref,
                                                   state_mode=state_mode, checkpoint=checkpoint, split=split).items():
@@ -199,10 +199,11 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
                     kernels: tuple[str, ...] | None = None) -> list[KernelReport]:
     """The builds tests/aot/test_aot_triton.py checks, each compiled once: every kernel and recurrence pass
     (the sparse stage counts and the group scan included) with a bounded gate (DIAG_REF 2: kda_intra and the
-    walk on its half chunks) and the paged state, the superset of the dense one; the prologue with DIAG_REF 1;
+    walk on its intra_rows steps) and the paged state, the superset of the dense one; the prologue with DIAG_REF 1;
     the prologue, kda_wu, the walk's passes and the group scan on whole chunks with the softplus gate (DIAG_REF 0,
-    kdagen.runtime.triton_path.diag_ref) and the dense state. The extra modes' reports are named kernel[dr1]
-    and kernel[dr0]."""
+    kdagen.runtime.triton_path.diag_ref) and the dense state; kda_intra and the plain walk with the dense_*
+    knobs that a batch whose walks fill the GPU takes (triton_path.launch_tuning), where they differ. The
+    extra modes' reports are named kernel[dr1], kernel[dr0] and kernel[dense]."""
     def only(names: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(n for n in names if kernels is None or n in kernels)
 
@@ -218,6 +219,17 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
         for rep in compile_variant(mod, target, lower_bound=lower_bound, diag_ref=diag_ref, state_mode=state_mode,
                                    kernels=only(names), tuning=tuning):
             rep.kernel = f"{rep.kernel}[{tag}]"
+            reports.append(rep)
+    from kdagen.runtime.triton_path import DENSE_KNOBS
+
+    tun = {**mod.TUNING[target], **(tuning or {})}
+    dense = {k: tun[d] for k, d in DENSE_KNOBS.items()}
+    if only(("kda_intra", "kda_recurrence")) and any(tun[k] != v for k, v in dense.items()):
+        # Dense launches run the plain walk only, on more programs than SMs (the non-sparse stage count).
+        dense["recurrence_stages_sparse"] = tun["recurrence_stages"]
+        for rep in compile_variant(mod, target, lower_bound=True, diag_ref=2, state_mode=2,
+                                   kernels=only(("kda_intra", "kda_recurrence")), tuning={**tun, **dense}):
+            rep.kernel = f"{rep.kernel}[dense]"
             reports.append(rep)
     return reports
 

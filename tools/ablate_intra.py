@@ -30,7 +30,6 @@ from ablate_prologue import error_of, load_edited  # noqa: E402
 
 SHAPES = [(96, 16384, 16)]
 _NO_STORE = "@triton.jit\ndef _no_store(ptr, value, mask):\n    pass\n\n\n"
-_FAST_DIV = "from triton.language.extra import libdevice\n"
 
 
 def _intra(edit):
@@ -42,8 +41,8 @@ def _intra(edit):
     return apply
 
 
-def _helpers(edit, head: str = ""):
-    return lambda s: (head + edit(s)).replace("@triton.jit\ndef kda_prologue(", _NO_STORE + "@triton.jit\ndef kda_prologue(", 1)
+def _helpers(edit):
+    return lambda s: edit(s).replace("@triton.jit\ndef kda_prologue(", _NO_STORE + "@triton.jit\ndef kda_prologue(", 1)
 
 
 EDITS = {
@@ -53,11 +52,8 @@ EDITS = {
     "no Akk / Aqk products": _intra(lambda s: re.sub(r"_mma_wide\([^)]*\)", "zeros", s)),
     "no inverse at all": _intra(lambda s: re.sub(r"for r in range\(1, (\d+)\):", "for r in range(1, 1):",
                                                  re.sub(r"b_T = b_T - _mm32\(.*\n", "b_T = b_T\n", s))),
-    "gate: fast division": _helpers(lambda s: s.replace(
+    "gate: fast division": lambda s: s.replace(
         "(lower_bound * RCP_LN2) / (1.0 + b_e)", "libdevice.fast_dividef(lower_bound * RCP_LN2, 1.0 + b_e)"),
-        _FAST_DIV),
-    "beta: fast sigmoid": _helpers(_intra(lambda s: s.replace(
-        "tl.sigmoid(b_beta)", "libdevice.fast_dividef(1.0, 1.0 + tl.exp(-b_beta))")), _FAST_DIV),
     "no gate activation": lambda s: s.replace("(lower_bound * RCP_LN2) / (1.0 + b_e)", "b_z.to(tl.float32) * c"),
     "no gate cumsum": _intra(lambda s: re.sub(r"b_G = tl\.cumsum\((_chunk_gate\([^;]*?True\)),\s*axis=0\)",
                                               r"b_G = \1", s, flags=re.S)),

@@ -26,7 +26,8 @@ import torch
 from . import debug_checks, fused_path
 from .jit_hip import HipLibrary
 from .registry import VariantEntry
-from .triton_path import TritonProgram, chunk_design, recurrence_groups, tuning_for, workspace_layout
+from .triton_path import (TritonProgram, chunk_design, launch_tuning, recurrence_groups, tuning_for,
+                          workspace_layout)
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
                        may_overlap, no_overlap)
 from ..targets import refused_config
@@ -89,7 +90,9 @@ class KdaPrefillPlan:
         # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.
         self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
                                         checkpoints=b.checkpoint_offsets is not None)
-        layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype, design)
+        # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.
+        self.launch_tuning = lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device)
+        layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype, design, lt["intra_rows"])
         self.workspace_bytes = layout.nbytes
         if workspace is None:
             storage = torch.empty(layout.nbytes, dtype=torch.uint8, device=b.device)
@@ -98,7 +101,7 @@ class KdaPrefillPlan:
         self.workspace = storage
         state_ins = (2,) if self._paged else (0, 1)
         self.program = TritonProgram(
-            mod, target=target, tuning=tun, ws=layout.views(storage), H=p.H, N=p.N, n_chunks=n_chunks,
+            mod, target=target, tuning=lt, ws=layout.views(storage), H=p.H, N=p.N, n_chunks=n_chunks,
             groups=self.groups, lower_bound=b.lower_bound, has_bias=b.has_g_bias, use_l2norm=b.use_qk_l2norm,
             cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co, state_ins=state_ins,
             state_out=2 if self._paged else int(b.output_final_state), state_indices=b.state_indices,

@@ -89,7 +89,7 @@ def plan_kda_prefill(variants: tuple[VariantEntry, ...], cu_seqlens: torch.Tenso
                      tuning: Mapping[str, int] | None = None, design: str | None = None) -> KdaPrefillPlan:
     """The public plan: validates the batch arguments, then `make_plan`.
 
-    design: the Triton path's chunk-parallel kernels, "intra" (one kernel on half chunks) or "pair" (two on
+    design: the Triton path's chunk-parallel kernels, "intra" (one kernel on 16- or 32-row programs) or "pair" (two on
     whole chunks); None lets the plan choose (Note [Chunk-parallel design] in runtime/triton_path.py).
 
     With cu_seqlens the batch is packed ([1, num_tokens, H, *]); num_tokens defaults to cu_seqlens_cpu[-1].

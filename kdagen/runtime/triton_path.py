@@ -90,9 +90,29 @@ def chunk_design(lower_bound: float | None, use_l2norm: bool, design: str | None
     return design
 
 
-def walk_split(design: str, chunk: int) -> int:
-    """Walk chunks per metadata chunk (the kernels' SPLIT)."""
-    return max(1, chunk // INTRA_CHUNK) if design == "intra" else 1
+def walk_split(design: str, chunk: int, rows: int = INTRA_CHUNK) -> int:
+    """Walk chunks per metadata chunk (the kernels' SPLIT): kda_intra's programs of `rows` rows (the target's
+    intra_rows) are the walk's steps; the pair's walk steps over whole chunks."""
+    return max(1, chunk // rows) if design == "intra" else 1
+
+
+DENSE_KNOBS = {"intra_rows": "dense_intra_rows", "intra_warps": "dense_intra_warps", "block_v": "dense_block_v"}
+
+
+def launch_tuning(mod: ModuleType, tun: Mapping[str, int], n_walks: int, groups: int,
+                  device: torch.device) -> dict[str, int]:
+    """The knobs a batch's launches take: the target's, with its dense_* knobs in place of intra_rows,
+    intra_warps and block_v when the walks fill the GPU (a plain walk, G = 1, with at least a program per SM
+    at dense_block_v). There kda_intra's share dominates, and on the H200 16-row programs on one warp and
+    128-row V slices made the call 10% faster at H=96 T=16384 N=16 and 4% at H=12 (N = 16); with fewer
+    walks the walk's doubled steps cost more than they save (H=96 T=4096 N=1 +4%, H=12 T=65536 N=1 +6%;
+    docs/perf-notes.md section 25). Without a GPU (no SM count) the target's own knobs."""
+    out = dict(tun)
+    sms = device_sms(device)
+    wide = min(tun["dense_block_v"], mod.BV)
+    if groups == 1 and sms is not None and n_walks * triton.cdiv(mod.HEAD_DIM_V, wide) >= sms:
+        out.update({k: tun[d] for k, d in DENSE_KNOBS.items()})
+    return out
 
 
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
@@ -151,7 +171,7 @@ RUN_ORDER = ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale", "sq
 
 
 def workspace_layout(mod: ModuleType, T: int, H: int, n_chunks: int, N: int, groups: int,
-                     io: torch.dtype, design: str = "pair") -> WorkspaceLayout:
+                     io: torch.dtype, design: str = "pair", rows: int = INTRA_CHUNK) -> WorkspaceLayout:
     """What the prologue kernels write and the recurrence reads (docs/design.md section 1.4), token-major.
 
     The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
@@ -162,7 +182,7 @@ def workspace_layout(mod: ModuleType, T: int, H: int, n_chunks: int, N: int, gro
     """
     io = torch.float32 if interpreting() else io
     f32 = torch.float32
-    split = walk_split(design, mod.CHUNK_SIZE)
+    split = walk_split(design, mod.CHUNK_SIZE, rows)
     wbt = mod.CHUNK_SIZE // split
     bufs = [("qg", (T, H, mod.BK), io), ("w", (T, H, mod.BK), io), ("kg", (T, H, mod.BK), io),
             ("u", (T, H, mod.BV), io), ("aqk", (T, H, wbt), io)]
@@ -190,7 +210,7 @@ class TritonProgram:
                  device: torch.device, checkpoint_offsets: torch.Tensor | None = None,
                  checkpoint_state_indices: torch.Tensor | None = None, design: str = "pair"):
         tun = tuning
-        split = walk_split(design, mod.CHUNK_SIZE)
+        split = walk_split(design, mod.CHUNK_SIZE, tun["intra_rows"])
         self.groups = groups = check_groups(groups, OP)
         # Note [Compiled launch]: NVIDIA GPUs only; the interpreter has no compiled kernels.
         self.direct = direct = (not interpreting() and device.type == "cuda" and vendor_of(target) == "nvidia"

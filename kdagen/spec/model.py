@@ -17,17 +17,25 @@ class TritonTuning:
     wu_warps: int = 4
     wu_stages: int = 1
     wu_block_k: int = 64
-    # kda_intra (the pair's work in one program per half chunk, where the plan picks it): warps, stages and
+    # kda_intra (the pair's work in one program per walk chunk, where the plan picks it): warps, stages and
     # the width of u's column slices.
     intra_warps: int = 4
     intra_stages: int = 1
     intra_block_v: int = 64
+    # Rows per kda_intra program, the walk's step on that design (16 or 32; the chunk's half or quarter).
+    intra_rows: int = 32
     recurrence_warps: int = 4
     recurrence_stages: int = 2
     # Stages of a walk launch with no more programs than the GPU has SMs: each program has an SM to itself,
     # so shared memory no longer limits how many run at once and a deeper pipeline only hides latency.
     recurrence_stages_sparse: int = 2
     block_v: int = 64
+    # What a batch takes instead when its walks fill the GPU (a plain walk, G = 1, with a program per SM at
+    # dense_block_v; runtime/triton_path.launch_tuning): there the chunk-parallel kernel dominates and shorter
+    # programs pay for the walk's extra steps, and wider V slices re-read the K-side workspace fewer times.
+    dense_intra_rows: int = 32
+    dense_intra_warps: int = 4
+    dense_block_v: int = 64
 
 
 @dataclass(frozen=True)

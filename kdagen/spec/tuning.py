@@ -39,7 +39,9 @@ def _check_tuning_value(name: str, value: int) -> str | None:
     if name in ("prologue_block_k", "wu_block_k"):
         ok = value >= 16 and value & (value - 1) == 0
         return None if ok else "must be a power of two >= 16 (and <= the padded head dims it slices)"
-    if name in ("block_v", "intra_block_v"):
+    if name in ("intra_rows", "dense_intra_rows"):
+        return None if value in (16, 32) else "must be 16 or 32 (rows per kda_intra program and walk step)"
+    if name in ("block_v", "dense_block_v", "intra_block_v"):
         ok = value >= 16 and value & (value - 1) == 0
         return None if ok else "must be a power of two >= 16 (and <= next_pow2(head_dim_v))"
     raise NotImplementedError(f"no validation rule for TritonTuning.{name}")
@@ -95,6 +97,7 @@ def resolve_tuning(backend: str, target: str, head_dim_k: int, head_dim_v: int, 
         values.update({n: src.value for n, src in layer.get(backend, {}).get(target, {}).items()})
     # block_v slices V, prologue_block_k K; wu_block_k slices both (kda_wu's u walk uses the same width).
     bounds = {"block_v": (next_pow2(head_dim_v), "next_pow2(head_dim_v)"),
+              "dense_block_v": (next_pow2(head_dim_v), "next_pow2(head_dim_v)"),
               "intra_block_v": (next_pow2(head_dim_v), "next_pow2(head_dim_v)"),
               "prologue_block_k": (next_pow2(head_dim_k), "next_pow2(head_dim_k)"),
               "wu_block_k": (min(next_pow2(head_dim_k), next_pow2(head_dim_v)),

@@ -16,6 +16,7 @@ import pytest
 
 import kdagen_kernels
 from kdagen.aot import amd_budget_misses, compile_checked
+from kdagen.runtime.triton_path import DENSE_KNOBS
 from kdagen.targets import TARGETS
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
@@ -39,6 +40,7 @@ def _private_triton_cache(tmp_path_factory):
 @pytest.mark.parametrize("e,target", CASES, ids=[f"{e.name}-{t}" for e, t in CASES])
 def test_compiles_for_target(e, target, capsys):
     mod = e.load()
+    tun = mod.TUNING[target]
     # Every kernel, recurrence pass (sparse stage counts included) and group scan, in each diagonal-block
     # mode of the prologue (kdagen.runtime.triton_path.diag_ref: factored and mid-point for bounded gates,
     # exact per-row for softplus); the paged state mode is the superset of the dense one. Each compiled once.
@@ -62,12 +64,17 @@ def test_compiles_for_target(e, target, capsys):
     # mode and in kda_intra): fp32 MFMA on CDNA, tf32 (x3) tensor cores on sm_90.
     want = "v_mfma_f32_16x16x4_f32" if TARGETS[target].vendor == "amd" else ".tf32.tf32."
     for r in reports:
-        if r.kernel.split("[")[0] in ("kda_group_scan", "kda_prologue", "kda_intra"):
+        # kda_intra on 16-row programs has one diagonal block: no off-diagonal correction.
+        rows = tun["dense_intra_rows" if r.kernel.endswith("[dense]") else "intra_rows"]
+        if r.kernel.split("[")[0] in ("kda_group_scan", "kda_prologue") or (r.kernel.startswith("kda_intra") and rows > 16):
             assert any(want in m for m in r.mma), f"{r.kernel} on {target}: no {want} in {sorted(set(r.mma))}"
     # Both stage counts of the walk compile where the spec gives two (the sparse one for small launches).
-    tun = mod.TUNING[target]
     sparse = {r.kernel for r in reports if r.kernel.endswith("_sparse")}
     assert len(sparse) == (3 if tun["recurrence_stages_sparse"] != tun["recurrence_stages"] else 0), sparse
+    # And kda_intra and the plain walk with the dense_* knobs where the spec gives them (triton_path.launch_tuning).
+    dense = {r.kernel for r in reports if r.kernel.endswith("[dense]")}
+    differ = any(tun[k] != tun[d] for k, d in DENSE_KNOBS.items())
+    assert dense == ({"kda_intra[dense]", "kda_recurrence[dense]"} if differ else set()), dense
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])

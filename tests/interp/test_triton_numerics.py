@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kdagen_kernels
-from kdagen.runtime import dispatch
+from kdagen.runtime import dispatch, triton_path
 from kdagen.reference import chunk_kda_prefill_reference
 from kdagen.runtime import metadata as md
 from tests.kda_cases import make_inputs, poisoned_out
@@ -258,6 +258,9 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
     # (kda_wu's and kda_intra's u slices walk V, the walk's slices a V wider than K; bounded gate). sm_90's
     # 64-row V slices on kda_intra's 32-row chunks take the walk's transposed products.
     monkeypatch.setenv("KDAGEN_TARGET", target)
+    if design == "intra":
+        # One SM: the plain walk counts as filling the GPU, so the batch takes the target's dense_* knobs.
+        monkeypatch.setattr(triton_path, "device_sms", lambda device: 1)
     e = max(TRITON, key=lambda e: (e.head_dim_v - e.head_dim_k, e.dtype == "bf16")) if wide else _small()
     c, H, K, V = e.chunk_size, _heads(e), e.head_dim_k, e.head_dim_v
     args = make_inputs([2 * c + 9, 0, 1], H, K, V, DTYPES[e.dtype], "cpu", lower_bound=-5.0 if wide else None,
@@ -273,9 +276,14 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
     if plan.design == "pair":
         assert plan.program.prologue.constexprs["BLOCK_K"] == tun["prologue_block_k"]
         assert plan.program.wu.constexprs["BLOCK_K"] == tun["wu_block_k"]
+        assert walks[-1].constexprs["BLOCK_V"] == min(tun["block_v"], mod.BV)
     else:
         assert plan.program.intra.constexprs["BLOCK_V"] == min(tun["intra_block_v"], mod.BV)
-    assert walks[-1].constexprs["BLOCK_V"] == min(tun["block_v"], mod.BV)
+        # One SM, so the walks fill the GPU: the target's dense program rows (its walk steps over the chunk's
+        # halves or quarters), warps and V slice.
+        assert plan.program.intra.constexprs["SPLIT"] == c // tun["dense_intra_rows"] == walks[-1].constexprs["SPLIT"]
+        assert plan.program.intra.options["num_warps"] == tun["dense_intra_warps"]
+        assert walks[-1].constexprs["BLOCK_V"] == min(tun["dense_block_v"], mod.BV)
     layer = {n: args[n] for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias")}
     o, s = plan.run(**layer, initial_state=args["initial_state"], out=poisoned_out(args["v"]))
     ref_o, ref_s = chunk_kda_prefill_reference(**args)

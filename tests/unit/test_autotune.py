@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KIMI = VariantDims("kimi", 128, 128, 64, "bf16")
 KNOBS = dict(prologue_warps=2, prologue_stages=1, prologue_block_k=16, wu_warps=8, wu_stages=2, wu_block_k=32,
              intra_warps=8, intra_stages=2, intra_block_v=32, recurrence_warps=8, recurrence_stages=1,
-             recurrence_stages_sparse=1, block_v=32)
+             recurrence_stages_sparse=1, block_v=32, intra_rows=32, dense_intra_rows=16,
+             dense_intra_warps=1, dense_block_v=32)
 SPEC = textwrap.dedent("""\
     op: kda_chunk_fwd
     # file comment

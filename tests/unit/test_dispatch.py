@@ -248,8 +248,9 @@ def _program(monkeypatch, *, BK, BV, V, T, N, H, groups, sms, tun=None, design="
     monkeypatch.setattr(triton_path, "device_sms", lambda device: sms)
     tun = tun or {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 2, "recurrence_stages_sparse": 2,
                   "prologue_block_k": 32, "prologue_warps": 1, "prologue_stages": 1, "wu_block_k": 64,
-                  "wu_warps": 4, "wu_stages": 1, "intra_warps": 8, "intra_stages": 1, "intra_block_v": 32}
-    layout = triton_path.workspace_layout(mod, T, H, 2, N, groups, torch.bfloat16, design)
+                  "wu_warps": 4, "wu_stages": 1, "intra_warps": 8, "intra_stages": 1, "intra_block_v": 32,
+                  "intra_rows": 32}
+    layout = triton_path.workspace_layout(mod, T, H, 2, N, groups, torch.bfloat16, design, tun["intra_rows"])
     ws = layout.views(torch.empty(layout.nbytes, dtype=torch.uint8))
     cu = torch.zeros(N + 1, dtype=torch.int32)
     program = triton_path.TritonProgram(
@@ -302,6 +303,44 @@ def test_chunk_design_follows_the_gate_and_the_norm(monkeypatch):
         chunk_design(None, True)
     assert (walk_split("intra", 64), walk_split("intra", 32), walk_split("intra", 16), walk_split("pair", 64)) == \
         (2, 1, 1, 1)
+    # 16-row programs: a quarter of a 64-row chunk, half of a 32-row one.
+    assert (walk_split("intra", 64, 16), walk_split("intra", 32, 16), walk_split("pair", 64, 16)) == (4, 2, 1)
+
+
+def test_sixteen_row_programs_walk_in_quarter_chunks(monkeypatch):
+    from kdagen.runtime import triton_path
+
+    tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 2, "recurrence_stages_sparse": 2,
+           "intra_warps": 1, "intra_stages": 1, "intra_block_v": 128, "intra_rows": 16}
+    program, values, calls = _program(monkeypatch, BK=128, BV=128, V=128, T=100, N=2, H=3, groups=1, sms=None,
+                                      design="intra", tun=tun)
+    program.run(values, 1)
+    assert [(n, g) for n, g, *_ in calls] == [("kda_intra", (8, 3)), ("kda_recurrence", (6, 2, 1))]
+    assert [x.constexprs["SPLIT"] for x in program.launches(1)] == [4, 4]
+    mod = types.SimpleNamespace(BK=128, BV=128, CHUNK_SIZE=64)
+    layout = triton_path.workspace_layout(mod, 100, 3, 2, 2, 1, torch.bfloat16, "intra", 16)
+    assert {b.name: b.shape for b in layout.buffers}["aqk"] == (100, 3, 16)
+    assert {b.name: b.shape for b in layout.buffers}["decay"] == (8, 3, 128)
+
+
+def test_batches_whose_walks_fill_the_gpu_take_the_dense_knobs(monkeypatch):
+    from kdagen.runtime import triton_path
+
+    mod = types.SimpleNamespace(BV=128, HEAD_DIM_V=128)
+    tun = {"intra_rows": 32, "intra_warps": 2, "block_v": 64, "dense_intra_rows": 16, "dense_intra_warps": 1,
+           "dense_block_v": 128, "intra_block_v": 128}
+    dense = {**tun, "intra_rows": 16, "intra_warps": 1, "block_v": 128}
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
+    # H=96 N=16 (1536 walks), H=12 N=16 (192), 132 walks on 132 SMs: dense; 96 walks or a split walk: the target's.
+    assert [triton_path.launch_tuning(mod, tun, n, 1, cuda) for n in (1536, 192, 132)] == [dense] * 3
+    assert triton_path.launch_tuning(mod, tun, 96, 1, cuda) == tun
+    assert triton_path.launch_tuning(mod, tun, 1536, 2, cuda) == tun
+    # The count is of programs at the dense slice: V = 256 has two per walk.
+    wide = types.SimpleNamespace(BV=256, HEAD_DIM_V=256)
+    assert triton_path.launch_tuning(wide, tun, 66, 1, cuda)["intra_rows"] == 16
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: None)
+    assert triton_path.launch_tuning(mod, tun, 1536, 1, cuda) == tun
 
 
 def test_recurrence_passes_and_their_row_blocks(monkeypatch):
@@ -325,7 +364,7 @@ def test_walk_stages_follow_the_programs_per_sm(monkeypatch):
 
     tun = {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 1, "recurrence_stages_sparse": 2,
            "prologue_block_k": 32, "prologue_warps": 1, "prologue_stages": 1, "wu_block_k": 64, "wu_warps": 4,
-           "wu_stages": 1}
+           "wu_stages": 1, "intra_rows": 32}
     assert triton_path.recurrence_stages(tun, 132, 132) == 2
     assert triton_path.recurrence_stages(tun, 133, 132) == 1
     assert triton_path.recurrence_stages(tun, 1, None) == 1

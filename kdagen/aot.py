@@ -220,15 +220,15 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
                                    kernels=only(names), tuning=tuning):
             rep.kernel = f"{rep.kernel}[{tag}]"
             reports.append(rep)
-    from kdagen.runtime.triton_path import DENSE_KNOBS
+    from kdagen.spec.model import dense_tuning
 
     tun = {**mod.TUNING[target], **(tuning or {})}
-    dense = {k: tun[d] for k, d in DENSE_KNOBS.items()}
-    if only(("kda_intra", "kda_recurrence")) and any(tun[k] != v for k, v in dense.items()):
+    dense = dense_tuning(tun)
+    if only(("kda_intra", "kda_recurrence")) and dense != tun:
         # Dense launches run the plain walk only, on more programs than SMs (the non-sparse stage count).
         dense["recurrence_stages_sparse"] = tun["recurrence_stages"]
         for rep in compile_variant(mod, target, lower_bound=True, diag_ref=2, state_mode=2,
-                                   kernels=only(("kda_intra", "kda_recurrence")), tuning={**tun, **dense}):
+                                   kernels=only(("kda_intra", "kda_recurrence")), tuning=dense):
             rep.kernel = f"{rep.kernel}[dense]"
             reports.append(rep)
     return reports

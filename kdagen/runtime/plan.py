@@ -92,6 +92,9 @@ class KdaPrefillPlan:
                                         checkpoints=b.checkpoint_offsets is not None)
         # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.
         self.launch_tuning = lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device)
+        if (why := refused_config(target, lt)) is not None:
+            raise ValueError(f"{OP}: tuning {lt} (its dense_* knobs: the walks fill the GPU) refused on {target}: "
+                             f"{why}")
         layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype, design, lt["intra_rows"])
         self.workspace_bytes = layout.nbytes
         if workspace is None:

@@ -12,6 +12,7 @@ import torch
 import triton
 
 from ..kernels.kda import KDA_GROUP_SCAN, KDA_INTRA, KDA_PROLOGUE, KDA_RECURRENCE, KDA_WU
+from ..spec.model import dense_tuning
 from ..targets import TARGETS, vendor_of
 from .device import INTERPRETER, interpreting, jit_launch_forced
 from .group_scan import check_groups, choose_groups, device_sms, env_groups
@@ -96,9 +97,6 @@ def walk_split(design: str, chunk: int, rows: int = INTRA_CHUNK) -> int:
     return max(1, chunk // rows) if design == "intra" else 1
 
 
-DENSE_KNOBS = {"intra_rows": "dense_intra_rows", "intra_warps": "dense_intra_warps", "block_v": "dense_block_v"}
-
-
 def launch_tuning(mod: ModuleType, tun: Mapping[str, int], n_walks: int, groups: int,
                   device: torch.device) -> dict[str, int]:
     """The knobs a batch's launches take: the target's, with its dense_* knobs in place of intra_rows,
@@ -107,12 +105,11 @@ def launch_tuning(mod: ModuleType, tun: Mapping[str, int], n_walks: int, groups:
     128-row V slices made the call 10% faster at H=96 T=16384 N=16 and 4% at H=12 (N = 16); with fewer
     walks the walk's doubled steps cost more than they save (H=96 T=4096 N=1 +4%, H=12 T=65536 N=1 +6%;
     docs/perf-notes.md section 25). Without a GPU (no SM count) the target's own knobs."""
-    out = dict(tun)
     sms = device_sms(device)
-    wide = min(tun["dense_block_v"], mod.BV)
-    if groups == 1 and sms is not None and n_walks * triton.cdiv(mod.HEAD_DIM_V, wide) >= sms:
-        out.update({k: tun[d] for k, d in DENSE_KNOBS.items()})
-    return out
+    dense = dense_tuning(tun)
+    if groups == 1 and sms is not None and n_walks * triton.cdiv(mod.HEAD_DIM_V, min(dense["block_v"], mod.BV)) >= sms:
+        return dense
+    return dict(tun)
 
 
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:

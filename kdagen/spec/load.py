@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kdagen.spec.errors import SpecError, format_error
-from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
+from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec, dense_tuning
 from kdagen.targets import (
     BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, HIP_THREADS, MAX_HEAD_DIM, MIN_HEAD_DIM,
     SUB_CHUNK, TARGETS, estimate_triton_smem, refused_config,
@@ -194,8 +194,13 @@ def _parse_variant(item: YMap, where: str, op: str | None, rel: str, file_tuning
             if tun is None:
                 continue
             if backend == "triton":  # the HIP kernels' LDS is checked by their offline compiles (tests/aot)
+                # Batches whose walks fill the GPU launch with the dense_* knobs: they must fit and compile too.
+                dense = TritonTuning(**dense_tuning(asdict(tun)))
                 _check_smem(where, item.line, k, v, chunk, dtype, target, tun, report)
-                if (why := refused_config(target, asdict(tun))) is not None:
+                if dense != tun:
+                    _check_smem(where, item.line, k, v, chunk, dtype, target, dense, report)
+                why = refused_config(target, asdict(tun)) or refused_config(target, asdict(dense))
+                if why is not None:
                     report(item.line, where, f"tuning.triton.{target}: {why}")
                     continue
             tuning.append((target, tun))

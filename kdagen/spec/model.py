@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 
@@ -33,9 +34,19 @@ class TritonTuning:
     # What a batch takes instead when its walks fill the GPU (a plain walk, G = 1, with a program per SM at
     # dense_block_v; runtime/triton_path.launch_tuning): there the chunk-parallel kernel dominates and shorter
     # programs pay for the walk's extra steps, and wider V slices re-read the K-side workspace fewer times.
-    dense_intra_rows: int = 32
-    dense_intra_warps: int = 4
-    dense_block_v: int = 64
+    # 0: the same as intra_rows, intra_warps, block_v.
+    dense_intra_rows: int = 0
+    dense_intra_warps: int = 0
+    dense_block_v: int = 0
+
+
+# The knobs a batch whose walks fill the GPU takes from their dense_* counterparts (runtime/triton_path.py).
+DENSE_KNOBS = {"intra_rows": "dense_intra_rows", "intra_warps": "dense_intra_warps", "block_v": "dense_block_v"}
+
+
+def dense_tuning(tun: Mapping[str, int]) -> dict[str, int]:
+    """`tun` with its dense_* knobs in place of the ones they replace (a dense_* knob of 0 replaces nothing)."""
+    return {**tun, **{knob: tun[dense] for knob, dense in DENSE_KNOBS.items() if tun[dense]}}
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,10 @@ Overlay = dict[str, dict[str, dict[str, Src]]]
 def _check_tuning_value(name: str, value: int) -> str | None:
     """Why a tuning value is out of range, or None. Keyed on the field-name suffix so that a new
     TritonTuning field without a rule fails the import below rather than going unchecked."""
+    if name.startswith("dense_"):
+        # 0: the knob it replaces, unchanged.
+        why = _check_tuning_value(name.removeprefix("dense_"), value) if value else None
+        return None if why is None else f"must be 0 (the same as {name.removeprefix('dense_')}) or {why.removeprefix('must be ')}"
     if name.endswith("_warps"):
         return None if value in WARPS else f"must be one of {', '.join(map(str, WARPS))}"
     if name.endswith(("_stages", "_stages_sparse")):
@@ -39,9 +43,9 @@ def _check_tuning_value(name: str, value: int) -> str | None:
     if name in ("prologue_block_k", "wu_block_k"):
         ok = value >= 16 and value & (value - 1) == 0
         return None if ok else "must be a power of two >= 16 (and <= the padded head dims it slices)"
-    if name in ("intra_rows", "dense_intra_rows"):
+    if name == "intra_rows":
         return None if value in (16, 32) else "must be 16 or 32 (rows per kda_intra program and walk step)"
-    if name in ("block_v", "dense_block_v", "intra_block_v"):
+    if name in ("block_v", "intra_block_v"):
         ok = value >= 16 and value & (value - 1) == 0
         return None if ok else "must be a power of two >= 16 (and <= next_pow2(head_dim_v))"
     raise NotImplementedError(f"no validation rule for TritonTuning.{name}")
@@ -103,7 +107,7 @@ def resolve_tuning(backend: str, target: str, head_dim_k: int, head_dim_v: int, 
               "wu_block_k": (min(next_pow2(head_dim_k), next_pow2(head_dim_v)),
                              "min(next_pow2(head_dim_k), next_pow2(head_dim_v))")}
     for name, (bound, what) in bounds.items():
-        if values[name] <= bound:
+        if values[name] <= bound:  # dense_block_v 0 (block_v's) included
             continue
         own = variant_layer.get(backend, {}).get(target, {}).get(name)
         if own is not None:

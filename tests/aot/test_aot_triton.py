@@ -16,7 +16,7 @@ import pytest
 
 import kdagen_kernels
 from kdagen.aot import amd_budget_misses, compile_checked
-from kdagen.runtime.triton_path import DENSE_KNOBS
+from kdagen.spec.model import dense_tuning
 from kdagen.targets import TARGETS
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
@@ -65,15 +65,16 @@ def test_compiles_for_target(e, target, capsys):
     want = "v_mfma_f32_16x16x4_f32" if TARGETS[target].vendor == "amd" else ".tf32.tf32."
     for r in reports:
         # kda_intra on 16-row programs has one diagonal block: no off-diagonal correction.
-        rows = tun["dense_intra_rows" if r.kernel.endswith("[dense]") else "intra_rows"]
-        if r.kernel.split("[")[0] in ("kda_group_scan", "kda_prologue") or (r.kernel.startswith("kda_intra") and rows > 16):
+        rows = (dense_tuning(tun) if r.kernel.endswith("[dense]") else tun)["intra_rows"]
+        two_blocks = r.kernel.startswith("kda_intra") and rows > 16
+        if r.kernel.split("[")[0] in ("kda_group_scan", "kda_prologue") or two_blocks:
             assert any(want in m for m in r.mma), f"{r.kernel} on {target}: no {want} in {sorted(set(r.mma))}"
     # Both stage counts of the walk compile where the spec gives two (the sparse one for small launches).
     sparse = {r.kernel for r in reports if r.kernel.endswith("_sparse")}
     assert len(sparse) == (3 if tun["recurrence_stages_sparse"] != tun["recurrence_stages"] else 0), sparse
     # And kda_intra and the plain walk with the dense_* knobs where the spec gives them (triton_path.launch_tuning).
     dense = {r.kernel for r in reports if r.kernel.endswith("[dense]")}
-    differ = any(tun[k] != tun[d] for k, d in DENSE_KNOBS.items())
+    differ = dense_tuning(tun) != tun
     assert dense == ({"kda_intra[dense]", "kda_recurrence[dense]"} if differ else set()), dense
 
 

@@ -17,6 +17,7 @@ import torch
 import kdagen_kernels
 from kdagen.runtime import dispatch, triton_path
 from kdagen.reference import chunk_kda_prefill_reference
+from kdagen.spec.model import dense_tuning
 from kdagen.runtime import metadata as md
 from tests.kda_cases import make_inputs, poisoned_out
 from tests.tolerances import check
@@ -281,9 +282,10 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
         assert plan.program.intra.constexprs["BLOCK_V"] == min(tun["intra_block_v"], mod.BV)
         # One SM, so the walks fill the GPU: the target's dense program rows (its walk steps over the chunk's
         # halves or quarters), warps and V slice.
-        assert plan.program.intra.constexprs["SPLIT"] == c // tun["dense_intra_rows"] == walks[-1].constexprs["SPLIT"]
-        assert plan.program.intra.options["num_warps"] == tun["dense_intra_warps"]
-        assert walks[-1].constexprs["BLOCK_V"] == min(tun["dense_block_v"], mod.BV)
+        dense = dense_tuning(tun)
+        assert plan.program.intra.constexprs["SPLIT"] == c // dense["intra_rows"] == walks[-1].constexprs["SPLIT"]
+        assert plan.program.intra.options["num_warps"] == dense["intra_warps"]
+        assert walks[-1].constexprs["BLOCK_V"] == min(dense["block_v"], mod.BV)
     layer = {n: args[n] for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias")}
     o, s = plan.run(**layer, initial_state=args["initial_state"], out=poisoned_out(args["v"]))
     ref_o, ref_s = chunk_kda_prefill_reference(**args)

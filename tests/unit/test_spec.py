@@ -372,3 +372,18 @@ def test_a_config_triton_miscompiles_on_sm_90_is_refused(tmp_path):
     (tmp_path / "amd").mkdir()
     (spec,) = load_text(tmp_path / "amd", ok)
     assert spec.variants[0].tuning_for("gfx942").block_v == 32
+    # The dense_* knobs are what a batch whose walks fill the GPU launches with: refused the same way.
+    dense = GOOD + "    tuning: {triton: {sm_90: {recurrence_warps: 4, block_v: 64, dense_block_v: 32}}}\n"
+    (tmp_path / "dense").mkdir()
+    (err,) = errors_of(tmp_path / "dense", k=dense)
+    assert "tuning.triton.sm_90: Triton (3.6.0 measured" in err
+
+
+def test_dense_knobs_take_zero_or_the_rule_of_the_knob_they_replace():
+    from kdagen.spec.tuning import _check_tuning_value
+
+    assert [_check_tuning_value(n, 0) for n in ("dense_intra_rows", "dense_intra_warps", "dense_block_v")] == [None] * 3
+    assert _check_tuning_value("dense_intra_rows", 16) is None and _check_tuning_value("dense_block_v", 128) is None
+    assert _check_tuning_value("dense_intra_rows", 8) == "must be 0 (the same as intra_rows) or 16 or 32 (rows per " \
+        "kda_intra program and walk step)"
+    assert _check_tuning_value("dense_block_v", 48).startswith("must be 0 (the same as block_v) or a power of two")

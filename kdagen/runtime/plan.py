@@ -91,7 +91,7 @@ class KdaPrefillPlan:
         self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
                                         checkpoints=b.checkpoint_offsets is not None)
         # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.
-        self.launch_tuning = lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device)
+        self.launch_tuning = lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device, design)
         if (why := refused_config(target, lt)) is not None:
             raise ValueError(f"{OP}: tuning {lt} (its dense_* knobs: the walks fill the GPU) refused on {target}: "
                              f"{why}")

@@ -339,7 +339,8 @@ def test_batches_whose_walks_fill_the_gpu_take_the_dense_knobs(monkeypatch):
     # The count is of programs at the dense slice: V = 256 has two per walk.
     wide = types.SimpleNamespace(BV=256, HEAD_DIM_V=256)
     assert triton_path.launch_tuning(wide, tun, 66, 1, cuda)["intra_rows"] == 16
-    # A dense_* knob of 0 keeps the knob it would replace.
+    # The pair's walk keeps the target's knobs; a dense_* knob of 0 keeps the knob it would replace.
+    assert triton_path.launch_tuning(mod, tun, 1536, 1, cuda, "pair") == tun
     assert triton_path.launch_tuning(mod, {**tun, "dense_intra_warps": 0}, 1536, 1, cuda)["intra_warps"] == 2
     monkeypatch.setattr(triton_path, "device_sms", lambda device: None)
     assert triton_path.launch_tuning(mod, tun, 1536, 1, cuda) == tun

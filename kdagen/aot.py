@@ -220,7 +220,7 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
                                    kernels=only(names), tuning=tuning):
             rep.kernel = f"{rep.kernel}[{tag}]"
             reports.append(rep)
-    from kdagen.spec.model import dense_tuning
+    from kdagen.launch_knobs import dense_tuning
 
     tun = {**mod.TUNING[target], **(tuning or {})}
     dense = dense_tuning(tun)

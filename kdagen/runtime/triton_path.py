@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ..kernels.kda import KDA_GROUP_SCAN, KDA_INTRA, KDA_PROLOGUE, KDA_RECURRENCE, KDA_WU
-from ..spec.model import dense_tuning
+from ..launch_knobs import dense_tuning
 from ..targets import TARGETS, vendor_of
 from .device import INTERPRETER, interpreting, jit_launch_forced
 from .group_scan import check_groups, choose_groups, device_sms, env_groups

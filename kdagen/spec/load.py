@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kdagen.spec.errors import SpecError, format_error
-from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec, dense_tuning
+from kdagen.launch_knobs import dense_tuning
+from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
 from kdagen.targets import (
     BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, HIP_THREADS, MAX_HEAD_DIM, MIN_HEAD_DIM,
     SUB_CHUNK, TARGETS, estimate_triton_smem, refused_config,

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 
@@ -38,15 +37,6 @@ class TritonTuning:
     dense_intra_rows: int = 0
     dense_intra_warps: int = 0
     dense_block_v: int = 0
-
-
-# The knobs a batch whose walks fill the GPU takes from their dense_* counterparts (runtime/triton_path.py).
-DENSE_KNOBS = {"intra_rows": "dense_intra_rows", "intra_warps": "dense_intra_warps", "block_v": "dense_block_v"}
-
-
-def dense_tuning(tun: Mapping[str, int]) -> dict[str, int]:
-    """`tun` with its dense_* knobs in place of the ones they replace (a dense_* knob of 0 replaces nothing)."""
-    return {**tun, **{knob: tun[dense] for knob, dense in DENSE_KNOBS.items() if tun[dense]}}
 
 
 @dataclass(frozen=True)

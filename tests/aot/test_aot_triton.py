@@ -16,7 +16,7 @@ import pytest
 
 import kdagen_kernels
 from kdagen.aot import amd_budget_misses, compile_checked
-from kdagen.spec.model import dense_tuning
+from kdagen.launch_knobs import dense_tuning
 from kdagen.targets import TARGETS
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),

@@ -17,7 +17,7 @@ import torch
 import kdagen_kernels
 from kdagen.runtime import dispatch, triton_path
 from kdagen.reference import chunk_kda_prefill_reference
-from kdagen.spec.model import dense_tuning
+from kdagen.launch_knobs import dense_tuning
 from kdagen.runtime import metadata as md
 from tests.kda_cases import make_inputs, poisoned_out
 from tests.tolerances import check

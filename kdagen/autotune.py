@@ -268,11 +268,14 @@ def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=N
     """One Triton kernel ("prologue", "wu", "intra" or "recurrence") of a chunk_kda_prefill call, launched
     alone with `tun`, on a workspace the kernels before it have filled (so each one reads real values); the
     recurrence writes `out` (a new tensor if None). design: the plan's (triton_path.chunk_design); the pair's
-    kernels always run in "pair"."""
+    kernels always run in "pair". The launches take `tun` as given: its dense_* knobs are not applied (a batch
+    whose walks fill the GPU takes them in a plan; pass `launch_knobs.dense_tuning(tun)` to time those)."""
     import kdagen_kernels
+    from kdagen.launch_knobs import DENSE_KNOBS
     from kdagen.runtime import planning
     from kdagen.runtime.device import target_of
 
+    tun = {**tun, **dict.fromkeys(DENSE_KNOBS.values(), 0)}
     q, v = args["q"], args["v"]
     cu = args["cu_seqlens"]
     entry = next(e for e in kdagen_kernels.VARIANTS if e.backend == "triton" and e.name == mod.NAME)

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Place time inside kda_intra without hardware counters (GPU).
 
-Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/ablate_intra.py [--rows REGEX] [H:T:N ...]
+Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/ablate_intra.py [--rows REGEX] [--dense]
+    [H:T:N ...]
+(--dense: with the target's dense_* knobs, the 16-row programs a batch whose walks fill the GPU takes on sm_90;
+by default its base knobs, whatever the shape)
 
 As tools/ablate_prologue.py does for the kernel pair: each row is the generated module with one edit to
 kda_intra's body (a stage left out, or done another way), and kda_intra is timed alone on the same inputs
@@ -23,6 +26,7 @@ import triton
 import kdagen_kernels
 from kdagen.autotune import kernel_call
 from kdagen.bench import shape_inputs
+from kdagen.launch_knobs import dense_tuning
 from kdagen.runtime.device import target_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,11 +75,14 @@ TUNINGS = [dict(intra_warps=4, intra_block_v=128), dict(intra_warps=4, intra_blo
 def main() -> None:
     argv = sys.argv[1:]
     rows = re.compile(argv.pop(argv.index("--rows") + 1)) if "--rows" in argv else None
-    argv = [a for a in argv if a != "--rows"]
+    dense = "--dense" in argv
+    argv = [a for a in argv if a not in ("--rows", "--dense")]
     shapes = [tuple(int(x) for x in a.split(":")) for a in argv] or SHAPES
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k128_v128_c64")
     src = Path(entry.load().__file__).read_text()
     tun = dict(entry.load().TUNING[target_of(torch.device("cuda"))])
+    if dense:
+        tun = dense_tuning(tun)
     inputs = {s: shape_inputs(*s) for s in shapes}
     print(f"kda_intra ms (do_bench median) per shape, tuning {tun}")
     print(f"{'edit':34s} {'error':>9s} {'adv. err':>9s} " + " ".join(f"{f'{H}/{T}/{N}':>10s}" for H, T, N in shapes))

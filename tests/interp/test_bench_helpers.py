@@ -13,6 +13,7 @@ import kdagen_kernels
 from kdagen.autotune import kernel_call
 from kdagen.bench import equal_lens, make_inputs
 from kdagen.bench_peers import flashkda_call, flashkda_inputs
+from kdagen.launch_knobs import dense_tuning
 from kdagen.reference import chunk_kda_prefill_reference, l2norm_reference, naive_recurrent_kda, rel_l2
 from kdagen.runtime import launch, triton_path
 
@@ -55,6 +56,25 @@ def test_kernel_call_runs_each_kernel_alone_with_the_given_tuning(monkeypatch):
         out = torch.full_like(args["v"], float("nan"))  # poisoned: an unwritten element fails the check
         kernel_call(mod, tun, "recurrence", args, ci, co, out=out, design=design)()
         assert rel_l2(out, ref_o) < 1e-2
+
+
+def test_kernel_call_launches_the_knobs_it_is_given_not_the_dense_ones(monkeypatch):
+    # One SM: a plan of this batch would take the dense_* knobs; kernel_call times exactly the knobs given.
+    e = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k64_v64_c64")
+    mod = e.load()
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: 1)
+    args, ci, co = make_inputs(2, [5, 70], K=64, V=64, seed=4, device="cpu")
+    tun = dict(triton_path.tuning_for(mod, "interpreter"), intra_rows=32, intra_warps=2, dense_intra_rows=16,
+               dense_intra_warps=1)
+    launched = []
+    real = launch.KernelLaunch.__call__
+    monkeypatch.setattr(launch.KernelLaunch, "__call__",
+                        lambda self, values: (launched.append((self.abi.name, self.constexprs["SPLIT"],
+                                                               self.options["num_warps"])), real(self, values)))
+    kernel_call(mod, tun, "intra", args, ci, co, design="intra")()
+    assert launched[-1] == ("kda_intra", 2, 2)
+    kernel_call(mod, dense_tuning(tun), "intra", args, ci, co, design="intra")()
+    assert launched[-1] == ("kda_intra", 4, 1)
 
 
 def test_kernel_call_launches_the_kernels_of_the_module_it_is_given():

@@ -101,10 +101,12 @@ def launch_tuning(mod: ModuleType, tun: Mapping[str, int], n_walks: int, groups:
                   design: str = "intra") -> dict[str, int]:
     """The knobs a batch's launches take: the target's, with its dense_* knobs in place of intra_rows,
     intra_warps and block_v when kda_intra runs and the walks fill the GPU (a plain walk, G = 1, with at least
-    a program per SM at dense_block_v; the pair's whole-chunk walk was not measured with them). There kda_intra's share dominates, and on the H200 16-row programs on one warp and
-    128-row V slices made the call 10% faster at H=96 T=16384 N=16 and 4% at H=12 (N = 16); with fewer
-    walks the walk's doubled steps cost more than they save (H=96 T=4096 N=1 +4%, H=12 T=65536 N=1 +6%;
-    docs/perf-notes.md section 25). Without a GPU (no SM count) the target's own knobs."""
+    a program per SM at dense_block_v; the pair's whole-chunk walk was not measured with them).
+
+    There kda_intra's share dominates: on the H200, 16-row programs on one warp and 128-row V slices made the
+    call 10% faster at H=96 T=16384 N=16 and 4% at H=12 (N = 16). With fewer walks the walk's doubled steps
+    cost more than they save (H=96 T=4096 N=1 +4%, H=12 T=65536 N=1 +6%; docs/perf-notes.md section 25).
+    Without a GPU (no SM count) the target's own knobs."""
     sms = device_sms(device)
     dense = dense_tuning(tun)
     fill = n_walks * triton.cdiv(mod.HEAD_DIM_V, min(dense["block_v"], mod.BV))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from kdagen.launch_knobs import dense_tuning
 from kdagen.runtime.device import target_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablate_prologue import error_of, load_edited  # noqa: E402
+from ablate_prologue import error_of, parse_args, run_edits  # noqa: E402
 
 SHAPES = [(96, 16384, 16)]
 _NO_STORE = "@triton.jit\ndef _no_store(ptr, value, mask):\n    pass\n\n\n"
@@ -73,43 +72,31 @@ TUNINGS = [dict(intra_warps=4, intra_block_v=128), dict(intra_warps=4, intra_blo
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    rows = re.compile(argv.pop(argv.index("--rows") + 1)) if "--rows" in argv else None
-    dense = "--dense" in argv
-    argv = [a for a in argv if a not in ("--rows", "--dense")]
-    shapes = [tuple(int(x) for x in a.split(":")) for a in argv] or SHAPES
+    rows, shapes, flags = parse_args(sys.argv[1:], SHAPES)
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k128_v128_c64")
     src = Path(entry.load().__file__).read_text()
     tun = dict(entry.load().TUNING[target_of(torch.device("cuda"))])
-    if dense:
+    if "--dense" in flags:
         tun = dense_tuning(tun)
     inputs = {s: shape_inputs(*s) for s in shapes}
     print(f"kda_intra ms (do_bench median) per shape, tuning {tun}")
     print(f"{'edit':34s} {'error':>9s} {'adv. err':>9s} " + " ".join(f"{f'{H}/{T}/{N}':>10s}" for H, T, N in shapes))
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, edit) in enumerate(EDITS.items()):
-            if rows is not None and name != "base" and not rows.search(name):
-                continue
-            new = edit(src)
-            if name != "base" and new == src:
-                print(f"{name:34s} edit did not apply")
-                continue
-            try:
-                mod = load_edited(new, f"v{i}", Path(tmp))
-                err = error_of(mod, tun, False, design="intra")
-                adv = error_of(mod, tun, True, design="intra")
-                ms = [triton.testing.do_bench(kernel_call(mod, tun, "intra", *inputs[s], design="intra"),
-                                              return_mode="median") for s in shapes]
-                print(f"{name:34s} {err:9.2e} {adv:9.2e} " + " ".join(f"{t:10.3f}" for t in ms), flush=True)
-            except Exception as exc:
-                print(f"{name:34s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            if name == "base":
-                for extra in TUNINGS:
-                    t2 = {**tun, **extra}
-                    ms = [triton.testing.do_bench(kernel_call(mod, t2, "intra", *inputs[s], design="intra"),
-                                                  return_mode="median") for s in shapes]
-                    label = f"base, {extra['intra_warps']} warps, u slices {extra['intra_block_v']}"
-                    print(f"{label:34s} {'':9s} {'':9s} " + " ".join(f"{t:10.3f}" for t in ms), flush=True)
+
+    def times(mod, knobs) -> str:
+        ms = [triton.testing.do_bench(kernel_call(mod, knobs, "intra", *inputs[s], design="intra"),
+                                      return_mode="median") for s in shapes]
+        return " ".join(f"{t:10.3f}" for t in ms)
+
+    def measure(name, mod) -> str:
+        err, adv = error_of(mod, tun, False, design="intra"), error_of(mod, tun, True, design="intra")
+        row = f"{err:9.2e} {adv:9.2e} {times(mod, tun)}"
+        if name == "base":
+            for extra in TUNINGS:
+                label = f"base, {extra['intra_warps']} warps, u slices {extra['intra_block_v']}"
+                row += f"\n{label:34s} {'':9s} {'':9s} {times(mod, {**tun, **extra})}"
+        return row
+
+    run_edits(EDITS, src, rows, 34, measure)
 
 
 if __name__ == "__main__":

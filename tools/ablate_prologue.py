@@ -156,34 +156,47 @@ def error_of(mod, tun, adversarial: bool, design: str | None = "pair") -> float:
     return rel_l2(out, ref_o)
 
 
-def main() -> None:
-    argv = sys.argv[1:]
+def parse_args(argv: list[str], default_shapes) -> tuple[re.Pattern | None, list[tuple[int, int, int]], list[str]]:
+    """--rows REGEX, the H:T:N shapes (default_shapes without any) and the other flags."""
     rows = re.compile(argv.pop(argv.index("--rows") + 1)) if "--rows" in argv else None
-    argv = [a for a in argv if a != "--rows"]
-    shapes = [tuple(int(x) for x in a.split(":")) for a in argv] or SHAPES
+    flags = [a for a in argv if a.startswith("--") and a != "--rows"]
+    shapes = [tuple(int(x) for x in a.split(":")) for a in argv if not a.startswith("--")] or default_shapes
+    return rows, shapes, flags
+
+
+def run_edits(edits: dict, src: str, rows: re.Pattern | None, width: int, measure) -> None:
+    """Each edit of the variant's source (only `base` and the rows matching `rows`), loaded as its own module:
+    `measure(name, mod)` returns the row's text after the name, or raises (the row then says why)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, edit) in enumerate(edits.items()):
+            if rows is not None and name != "base" and not rows.search(name):
+                continue
+            new = edit(src)
+            if name != "base" and new == src:
+                print(f"{name:{width}s} edit did not apply")
+                continue
+            try:
+                print(f"{name:{width}s} {measure(name, load_edited(new, f'v{i}', Path(tmp)))}", flush=True)
+            except Exception as exc:
+                print(f"{name:{width}s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+
+
+def main() -> None:
+    rows, shapes, _ = parse_args(sys.argv[1:], SHAPES)
     entry = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k128_v128_c64")
     src = Path(entry.load().__file__).read_text()
     tun = dict(entry.load().TUNING[target_of(torch.device("cuda"))])
     inputs = {s: shape_inputs(*s) for s in shapes}
     print(f"kda_prologue + kda_wu ms (do_bench median) per shape, tuning {tun}")
     print(f"{'edit':32s} {'error':>9s} {'adv. err':>9s} " + " ".join(f"{f'{H}/{T}/{N}':>16s}" for H, T, N in shapes))
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, edit) in enumerate(EDITS.items()):
-            if rows is not None and name != "base" and not rows.search(name):
-                continue
-            new = edit(src)
-            if name != "base" and new == src:
-                print(f"{name:32s} edit did not apply")
-                continue
-            try:
-                mod = load_edited(new, f"v{i}", Path(tmp))
-                err = error_of(mod, tun, False)
-                adv = error_of(mod, tun, True)
-                ms = [[triton.testing.do_bench(kernel_call(mod, tun, kernel, *inputs[s]), return_mode="median")
-                       for kernel in ("prologue", "wu")] for s in shapes]
-                print(f"{name:32s} {err:9.2e} {adv:9.2e} " + " ".join(f"{p:7.3f} +{w:7.3f}" for p, w in ms), flush=True)
-            except Exception as exc:
-                print(f"{name:32s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+
+    def measure(name, mod) -> str:
+        err, adv = error_of(mod, tun, False), error_of(mod, tun, True)
+        ms = [[triton.testing.do_bench(kernel_call(mod, tun, kernel, *inputs[s]), return_mode="median")
+               for kernel in ("prologue", "wu")] for s in shapes]
+        return f"{err:9.2e} {adv:9.2e} " + " ".join(f"{p:7.3f} +{w:7.3f}" for p, w in ms)
+
+    run_edits(EDITS, src, rows, 32, measure)
 
 
 if __name__ == "__main__":

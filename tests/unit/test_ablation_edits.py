@@ -6,6 +6,7 @@ apply" rows."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,19 @@ def test_every_edit_applies_and_compiles_to_python(e, tool_name):
         new = edit(src)
         assert name == "base" or new != src, f"{name!r} did not apply to {e.name}"
         compile(new, f"<{name}>", "exec")  # still Python
+
+
+def test_the_shared_runner_loads_each_edit_and_names_what_did_not_apply_or_failed(capsys):
+    tool = _tool("ablate_prologue")
+    assert tool.parse_args(["--rows", "a|b", "--dense", "2:64:1"], [(1, 1, 1)])[1:] == ([(2, 64, 1)], ["--dense"])
+    edits = {"base": lambda s: s, "same": lambda s: s, "edited": lambda s: s.replace("1", "2"),
+             "broken": lambda s: s.replace("1", "2"), "skipped": lambda s: s + "\n"}
+
+    def measure(name, mod):
+        if name == "broken":
+            raise RuntimeError("boom")
+        return f"X = {mod.X}"
+
+    tool.run_edits(edits, "X = 1\n", re.compile("same|edited|broken"), 8, measure)
+    assert capsys.readouterr().out.splitlines() == [
+        "base     X = 1", "same     edit did not apply", "edited   X = 2", "broken   failed: RuntimeError: boom"]

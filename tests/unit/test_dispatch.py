@@ -464,7 +464,7 @@ def test_offline_builds_model_the_jit_specialisation_of_a_contiguous_call():
     from triton.backends.compiler import BaseBackend
 
     from kdagen.kernels.kda import KDA_INTRA
-    from kdagen.kernels.schema import KernelABI, constexpr, i32, ptr
+    from kdagen.kernels.schema import KernelABI, Param, constexpr, i32, ptr
 
     abi = KernelABI("kern", (ptr("x", "fp32"), i32("s", typical="aligned"), i32("n"), i32("one", typical="one"),
                              i32("m", specialize=False, typical="aligned"), constexpr("B")))
@@ -481,5 +481,5 @@ def test_offline_builds_model_the_jit_specialisation_of_a_contiguous_call():
     assert ones == {"sb_h": 1}
     assert {"sb_t", "H"}.isdisjoint(aligned)
     assert {p.name for p in KDA_INTRA.params if p.kind == "ptr"} | {"sq_t", "sq_h", "sv_t", "sg_h"} <= aligned
-    with pytest.raises(ValueError):
-        ptr("x", "fp32").__class__("x", "ptr", "fp32", typical="aligned")
+    with pytest.raises(ValueError):  # only ints have a typical value
+        Param("x", "ptr", "fp32", typical="aligned")

@@ -14,11 +14,14 @@ State is V-first: one `P in R^{V x K}` per (sequence, head). Per token:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 __all__ = [
     "chunk_kda_prefill_reference",
+    "intra_workspace_reference",
     "kda_gate_reference",
     "l2norm_reference",
     "naive_recurrent_kda",
@@ -311,3 +314,70 @@ def chunk_kda_prefill_reference(
         return o, None
     return o, (final if output_final_state else None)
 
+
+
+def intra_workspace_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    raw_g: torch.Tensor,
+    raw_beta: torch.Tensor,
+    A_log: torch.Tensor,
+    g_bias: torch.Tensor | None,
+    scale: float,
+    lower_bound: float,
+    cu_seqlens: torch.Tensor,
+    chunk_size: int = 64,
+    rows: int = 16,
+) -> dict[str, torch.Tensor]:
+    """Float64 workspace of the chunk-parallel kernels on `rows`-row walk chunks (kda_intra's contract,
+    docs/design.md section 1.5), for the bounded gate with q and k L2-normed.
+
+    Inputs packed [1, T, H, *]. Per walk chunk, with G the in-chunk cumulative log2 gate and G_L its last
+    valid row: qg = q 2^G, kg = k 2^(G_L - G), aqk = tril(q k^T 2^(G_i - G_j)) scale, A = strictly lower
+    beta_i k_i k_j^T 2^(G_i - G_j), T = (I + A)^-1, w = T diag(beta) k 2^G, u = T diag(beta) v; decay = 2^G_L,
+    one row per walk chunk in chunk_indices order (the metadata chunk's `chunk_size // rows` parts in turn;
+    parts past the sequence's end are NaN). Returns qg, kg, w [T, H, K], u [T, H, V], aqk [T, H, rows] and
+    decay [walk chunks, H, K], float64 on the inputs' device.
+    """
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    dev = q.device
+    qn = l2norm_reference(q[0])
+    kn = l2norm_reference(k[0])
+    vv = v[0].to(_F64)
+    gate = kda_gate_reference(raw_g[0], A_log, g_bias, lower_bound) / math.log(2.0)
+    beta = torch.sigmoid(raw_beta[0].to(_F64))
+    out = {"qg": torch.zeros(T, H, K, dtype=_F64, device=dev), "kg": torch.zeros(T, H, K, dtype=_F64, device=dev),
+           "w": torch.zeros(T, H, K, dtype=_F64, device=dev), "u": torch.zeros(T, H, V, dtype=_F64, device=dev),
+           "aqk": torch.zeros(T, H, rows, dtype=_F64, device=dev)}
+    bounds = _host_ints(cu_seqlens, "cu_seqlens")
+    parts = chunk_size // rows
+    decay = []
+    for bos, eos in zip(bounds[:-1], bounds[1:]):
+        for c0 in range(bos, eos, chunk_size):
+            for part in range(parts):
+                t0 = c0 + part * rows
+                n = min(eos - t0, rows)
+                if n <= 0:
+                    decay.append(torch.full((H, K), float("nan"), dtype=_F64, device=dev))
+                    continue
+                sl = slice(t0, t0 + n)
+                G = gate[sl].cumsum(0).transpose(0, 1)  # [H, n, K]
+                q_, k_ = qn[sl].transpose(0, 1), kn[sl].transpose(0, 1)
+                b_ = beta[sl].transpose(0, 1)  # [H, n]
+                diff = G[:, :, None, :] - G[:, None, :, :]  # [H, i, j, K]
+                low = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+                e = torch.where(low[None, :, :, None], torch.exp2(torch.where(low[None, :, :, None], diff, 0.0)), 0.0)
+                aqk = torch.einsum("hik,hjk,hijk->hij", q_, k_, e) * scale
+                A = torch.einsum("hik,hjk,hijk->hij", k_, k_, e) * b_[:, :, None]
+                A = A * (~torch.eye(n, dtype=torch.bool, device=dev))
+                Tm = torch.linalg.inv(torch.eye(n, dtype=_F64, device=dev) + A)
+                out["qg"][sl] = (q_ * torch.exp2(G)).transpose(0, 1)
+                out["kg"][sl] = (k_ * torch.exp2(G[:, -1:, :] - G)).transpose(0, 1)
+                out["w"][sl] = (Tm @ (b_[:, :, None] * k_ * torch.exp2(G))).transpose(0, 1)
+                out["u"][sl] = (Tm @ (b_[:, :, None] * vv[sl].transpose(0, 1))).transpose(0, 1)
+                out["aqk"][sl, :, :n] = aqk.transpose(0, 1)
+                decay.append(torch.exp2(G[:, -1, :]))
+    out["decay"] = torch.stack(decay) if decay else torch.zeros(0, H, K, dtype=_F64, device=dev)
+    return out

@@ -30,6 +30,7 @@ Key = tuple[str, str, str]
 # derandomized fuzz); the GPU ones are from docs/perf-notes.md or the H200 tolerance log below.
 INTERP = "worst over tests/interp and tests/e2e, triton 3.7.1 interpreter, torch 2.13 (2026-12-01, 1f94667)"
 EMULATED = "worst over tests/build/test_hip_emulated.py, all four layers (2026-12-01, commit 1f94667)"
+EMULATED_INTRA = "kda_intra_kernel's workspace (aqk the worst), tests/build/test_hip_emulated.py, all four layers (2026-12-02)"
 H200_GROUPS = "H200, tests/gpu group counts with a state cache (docs/perf-notes.md section 14, 2026-11-30)"
 H200_ADVERSARIAL = ("H200, Triton output on near-duplicate keys, beta 0.95 (perf-notes section 15 ablation base); "
                     "the final state is not recorded")
@@ -84,6 +85,8 @@ TOLERANCES: dict[Key, Tolerance] = {
     ("hip-emulated", "bf16", "final_state"): Tolerance(2.9e-3, 2.5, EMULATED),
     ("hip-emulated", "bf16", "vs_one_group"): Tolerance(1.6e-3, 3.0, EMULATED),
     ("hip-emulated", "bf16", "vs_fma_layer"): Tolerance(2.9e-3, 2.5, EMULATED),
+    ("fused-gpu", "bf16", "intra_workspace"): Tolerance(2.7e-3, 2.5, EMULATED_INTRA),
+    ("hip-emulated", "bf16", "intra_workspace"): Tolerance(2.7e-3, 2.5, EMULATED_INTRA),
     # Max abs error of one 16 x 16 x 64 tile product against float64 (fp32 accumulation).
     ("hip-emulated", "bf16", "mma_tile_abs"): Tolerance(2.4e-6, 3.0, EMULATED),
 }

@@ -29,6 +29,20 @@ KDA_PROLOGUE_LAUNCH = KernelABI("kda_prologue_launch", (
     STREAM,
 ))
 
+KDA_INTRA_LAUNCH = KernelABI("kda_intra_launch", (
+    ptr("q", "io"), ptr("k", "io"), ptr("v", "io"), ptr("g", "io"), ptr("beta", "io"),
+    ptr("A_log", "fp32"), ptr("g_bias", "fp32", doc="[H * K], or null"),
+    ptr("cu_seqlens", "i32"), ptr("chunk_indices", "i32"),
+    ptr("qg", "io", writes=True), ptr("w", "io", writes=True), ptr("kg", "io", writes=True),
+    ptr("u", "io", writes=True), ptr("aqk", "io", writes=True, doc="[T, H, 16]"),
+    ptr("decay", "fp32", writes=True, doc="[num_chunks * chunk / 16, H, K]"),
+    i64("sq_t"), i64("sq_h"), i64("sk_t"), i64("sk_h"), i64("sv_t"), i64("sv_h"), i64("sg_t"), i64("sg_h"),
+    i64("sb_t"), i64("sb_h"),
+    i64("num_chunks", doc="metadata chunks (chunk_indices rows)"), i32("H"), f32("scale"),
+    f32("lower_bound", "the bounded gate's bound; q and k are L2-normed in the kernel"),
+    STREAM,
+))
+
 KDA_RECURRENCE_LAUNCH = KernelABI("kda_recurrence_launch", (
     ptr("qg", "io"), ptr("w", "io"), ptr("kg", "io"), ptr("u", "io"), ptr("aqk", "io"), ptr("decay", "fp32"),
     ptr("out", "io", writes=True), i64("so_t"), i64("so_h"),
@@ -45,12 +59,14 @@ KDA_RECURRENCE_LAUNCH = KernelABI("kda_recurrence_launch", (
     STREAM,
 ))
 
-LAUNCHERS: dict[str, KernelABI] = {k.name: k for k in (KDA_PROLOGUE_LAUNCH, KDA_RECURRENCE_LAUNCH)}
+LAUNCHERS: dict[str, KernelABI] = {k.name: k for k in (KDA_PROLOGUE_LAUNCH, KDA_INTRA_LAUNCH,
+                                                         KDA_RECURRENCE_LAUNCH)}
 
 # Launcher parameters that are not fields of the kernel's argument struct (kda::PrologueArgs,
 # kda::RecurrenceArgs, include/kda_*.h): the launch sequence (include/kda_launch.h) takes them itself.
 LAUNCH_ONLY: dict[str, tuple[str, ...]] = {
     "kda_prologue_launch": ("num_chunks", "stream"),
+    "kda_intra_launch": ("num_chunks", "stream"),
     "kda_recurrence_launch": ("group_ws", "stream"),
 }
 
@@ -59,6 +75,7 @@ QUERIES: dict[str, type] = {
     "kda_abi_version": ctypes.c_int, "kda_target": ctypes.c_char_p, "kda_head_dim_k": ctypes.c_int,
     "kda_head_dim_v": ctypes.c_int, "kda_chunk_size": ctypes.c_int, "kda_v_slice": ctypes.c_int,
     "kda_prologue_smem_bytes": ctypes.c_int, "kda_recurrence_smem_bytes": ctypes.c_int,
+    "kda_intra_smem_bytes": ctypes.c_int,
     "kda_recurrence_blocks_per_sm": ctypes.c_int,
 }
 

@@ -73,6 +73,59 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr() if t is not None else None
 
 
+INTRA_ROWS = 16  # kda_intra_kernel's walk chunk (templates/hip/include/kda_intra.h IR)
+
+
+def intra_workspace(T: int, H: int, K: int, V: int, n_chunks: int, device) -> dict[str, torch.Tensor]:
+    """kda_intra_kernel's outputs: qg, w, kg [T, H, K], u [T, H, V], aqk [T, H, 16] (bf16) and decay
+    [n_chunks * chunk / 16, H, K] (fp32), the Triton kda_intra's layout at intra_rows 16."""
+    ws = {n: torch.empty(T, H, d, dtype=torch.bfloat16, device=device)
+          for n, d in (("qg", K), ("w", K), ("kg", K), ("u", V), ("aqk", INTRA_ROWS))}
+    ws["decay"] = torch.empty(max(n_chunks * (CHUNK // INTRA_ROWS), 1), H, K, dtype=torch.float32, device=device)
+    return ws
+
+
+def run_intra(lib: HipLibrary, ws: dict[str, torch.Tensor], *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              raw_g: torch.Tensor, raw_beta: torch.Tensor, A_log: torch.Tensor, g_bias: torch.Tensor | None,
+              scale: float, lower_bound: float, cu_seqlens: torch.Tensor, chunk_indices: torch.Tensor) -> None:
+    """kda_intra_kernel on torch's current stream: the workspace of 16-row walk chunks into `ws` (views shaped
+    as intra_workspace's, rows dense), for the bounded gate with q and k L2-normed in the kernel.
+
+    Packed [1, T, H, *] bf16 inputs, dense in the last dim (any token / head strides), raw_g bf16; A_log and
+    g_bias fp32 contiguous; cu_seqlens and chunk_indices int32 (chunk-64 metadata)."""
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    _req((K, V, CHUNK) == (lib.head_dim_k, lib.head_dim_v, lib.chunk_size),
+         f"{lib.name} is built for K={lib.head_dim_k}, V={lib.head_dim_v}; got K={K}, V={V}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("raw_g", raw_g)):
+        _req(t.dtype == torch.bfloat16 and t.stride(-1) == 1, f"{name} must be bf16, dense in its last dim")
+    _req(raw_beta.dtype == torch.bfloat16, "raw_beta must be bf16")
+    _req(A_log.dtype == torch.float32 and A_log.is_contiguous() and A_log.numel() == H, f"A_log: fp32 [{H}]")
+    _req(g_bias is None or (g_bias.dtype == torch.float32 and g_bias.is_contiguous() and g_bias.numel() == H * K),
+         f"g_bias: fp32 [{H * K}] or None")
+    _req(cu_seqlens.dtype == torch.int32 and chunk_indices.dtype == torch.int32, "metadata must be int32")
+    n_chunks = chunk_indices.shape[0] if chunk_indices.numel() else 0
+    for name, d in (("qg", K), ("w", K), ("kg", K), ("u", V), ("aqk", INTRA_ROWS)):
+        t = ws[name]
+        _req(t.dtype == torch.bfloat16 and tuple(t.shape) == (T, H, d) and t.is_contiguous(),
+             f"workspace {name} must be contiguous bf16 [{T}, {H}, {d}]")
+    _req(ws["decay"].dtype == torch.float32 and ws["decay"].is_contiguous()
+         and ws["decay"].shape[0] >= n_chunks * (CHUNK // INTRA_ROWS) and tuple(ws["decay"].shape[1:]) == (H, K),
+         "workspace decay must be contiguous fp32 [n_chunks * 4, H, K]")
+    if n_chunks == 0 or H == 0:
+        return
+    with torch.cuda.device(q.device):
+        lib.intra(dict(
+            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=raw_g.data_ptr(), beta=raw_beta.data_ptr(),
+            A_log=A_log.data_ptr(), g_bias=_ptr(g_bias), cu_seqlens=cu_seqlens.data_ptr(),
+            chunk_indices=chunk_indices.data_ptr(), **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")},
+            decay=ws["decay"].data_ptr(),
+            sq_t=q.stride(1), sq_h=q.stride(2), sk_t=k.stride(1), sk_h=k.stride(2), sv_t=v.stride(1),
+            sv_h=v.stride(2), sg_t=raw_g.stride(1), sg_h=raw_g.stride(2), sb_t=raw_beta.stride(1),
+            sb_h=raw_beta.stride(2), num_chunks=n_chunks, H=H, scale=float(scale), lower_bound=float(lower_bound),
+            stream=torch.cuda.current_stream(q.device).cuda_stream))
+
+
 def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor,
               raw_beta: torch.Tensor, A_log: torch.Tensor, g_bias: torch.Tensor | None, scale: float,
               lower_bound: float | None, cu_seqlens: torch.Tensor, chunk_indices: torch.Tensor,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kdagen
-from kdagen.kernels.hip import KDA_PROLOGUE_LAUNCH, KDA_RECURRENCE_LAUNCH, QUERIES
+from kdagen.kernels.hip import KDA_INTRA_LAUNCH, KDA_PROLOGUE_LAUNCH, KDA_RECURRENCE_LAUNCH, QUERIES
 from kdagen.targets import HIP_ABI, vendor_of
 
 from . import cache
@@ -202,7 +202,7 @@ class HipLibrary:
                 f"cache entry ({Path(path).parent}) or set KDAGEN_TARGET to the device's real target")
         lib.kda_error_string.restype = ctypes.c_char_p
         lib.kda_error_string.argtypes = [ctypes.c_int]
-        for abi in (KDA_PROLOGUE_LAUNCH, KDA_RECURRENCE_LAUNCH):
+        for abi in (KDA_PROLOGUE_LAUNCH, KDA_INTRA_LAUNCH, KDA_RECURRENCE_LAUNCH):
             fn = getattr(lib, abi.name)
             fn.argtypes = abi.ctypes_types()
             fn.restype = ctypes.c_int
@@ -230,12 +230,18 @@ class HipLibrary:
         """kda_prologue_launch with its arguments by name (kdagen/kernels/hip.py)."""
         self.check(self._lib.kda_prologue_launch(*KDA_PROLOGUE_LAUNCH.bind(args)), "prologue")
 
+    def intra(self, args: Mapping[str, object]) -> None:
+        """kda_intra_launch with its arguments by name: the workspace on 16-row walk chunks."""
+        self.check(self._lib.kda_intra_launch(*KDA_INTRA_LAUNCH.bind(args)), "intra")
+
     def recurrence(self, args: Mapping[str, object]) -> None:
         """kda_recurrence_launch with its arguments by name (kdagen/kernels/hip.py)."""
         self.check(self._lib.kda_recurrence_launch(*KDA_RECURRENCE_LAUNCH.bind(args)), "recurrence")
 
-    def smem_bytes(self) -> tuple[int, int]:
-        return self._lib.kda_prologue_smem_bytes(), self._lib.kda_recurrence_smem_bytes()
+    def smem_bytes(self) -> tuple[int, int, int]:
+        """Shared memory per block of the prologue, the recurrence and kda_intra."""
+        return (self._lib.kda_prologue_smem_bytes(), self._lib.kda_recurrence_smem_bytes(),
+                self._lib.kda_intra_smem_bytes())
 
 
 _loaded: dict[tuple[str, str], HipLibrary] = {}

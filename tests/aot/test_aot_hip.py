@@ -59,8 +59,11 @@ def _target(src: Path) -> str:
     return src.stem.rsplit("__", 1)[1]
 
 
+KERNELS = ("prologue", "intra", "recurrence", "group_scan")
+
+
 def _short(kernel: str) -> str:
-    return next(k for k in ("prologue", "recurrence", "group_scan") if k in kernel)
+    return next(k for k in KERNELS if k in kernel)
 
 
 AMD = [s for s in SOURCES if TARGETS[_target(s)].vendor == "amd"]
@@ -87,11 +90,11 @@ def test_amd_compile(src, layer, tmp_path, capsys):
     for name, k in kernels.items():
         if "group_scan" in name:  # fp32 on purpose: S_in[g] M_g + B_g composes states exactly in fp32
             assert k.mfma == 0, f"{name}: unexpected MFMA"
-        elif layer == "mma":  # the prologue's Akk/Aqk and w/u, the recurrence's four products
+        elif layer == "mma":  # the prologue's and kda_intra's Akk/Aqk and w/u, the recurrence's four products
             assert k.mfma_insns == {want}, f"{name}: {sorted(k.mfma_insns)}, not {want}, on {target}"
         else:
             assert k.mfma == 0, f"{name}: unexpected MFMA with layer {layer}"
-    assert {_short(n) for n in kernels} == {"prologue", "recurrence", "group_scan"}, list(kernels)
+    assert {_short(n) for n in kernels} == set(KERNELS), list(kernels)
     t = TARGETS[target]
     waves = {name: waves_per_simd(k, target, threads=HIP_THREADS) for name, k in kernels.items()}
     with capsys.disabled():
@@ -126,11 +129,11 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     ptx_text = ptx.read_text()
     n_ptx = ptx_text.count(PTX_MMA)
     assert (n_ptx > 0) == (layer == "mma"), f"{n_ptx} x {PTX_MMA} in the PTX with layer {layer}"
-    # Per entry: both kernels use the layer (prologue Akk/Aqk and w/u, recurrence), or neither does.
+    # Per entry: every kernel but the scan uses the layer (prologue and kda_intra Akk/Aqk and w/u, recurrence),
+    # or none does.
     entries = {m[1]: m[2] for m in re.finditer(r"\.entry\s+(\w+)\((.*?)(?=\.entry\s|\Z)", ptx_text, re.S)}
     ptx_per = {name: body.count(PTX_MMA) for name, body in entries.items()}
-    assert {k for n in ptx_per for k in ("prologue", "recurrence", "group_scan") if k in n} \
-        == {"prologue", "recurrence", "group_scan"}, list(ptx_per)
+    assert {_short(n) for n in ptx_per} == set(KERNELS), list(ptx_per)
     for name, cnt in ptx_per.items():
         want_mma = layer == "mma" and "group_scan" not in name  # the scan is fp32 FMA on every layer
         assert (cnt > 0) == want_mma, f"{name}: {cnt} x {PTX_MMA} in the PTX with layer {layer}"
@@ -149,7 +152,7 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     assert len(blocks) >= 2, report
     with capsys.disabled():
         for name, stack, st, ld, regs in blocks:
-            short = next(k for k in ("prologue", "recurrence", "group_scan") if k in name)
+            short = _short(name)
             print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target} {layer}: regs={regs} stack={stack} "
                   f"spill_stores={st} spill_loads={ld} "
                   f"ptx_mma={next((c for n, c in ptx_per.items() if n == name), '-')}"
@@ -159,4 +162,4 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     # Dynamic shared memory on CUDA: the launcher sets the attribute to sizeof(the Smem struct).
     kernels = "".join(h.read_text() for h in sorted((HIP_DIR / "include").glob("*.h")))  # the kernels' headers
     structs = re.findall(r"struct (?:alignas\(\d+\) )?(\w+Smem) \{(.*?)\n\};", kernels, re.S)
-    assert {s for s, _ in structs} == {"PrologueSmem", "RecurrenceSmem", "ScanSmem"}
+    assert {s for s, _ in structs} == {"PrologueSmem", "IntraSmem", "RecurrenceSmem", "ScanSmem"}

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+from kdagen.reference import chunk_kda_prefill_reference, intra_workspace_reference, rel_l2
 from kdagen.runtime.jit_hip import HipLibrary
 from kdagen.runtime.metadata import prepare_chunk_indices, prepare_chunk_offsets
 from kdagen.targets import TARGETS
@@ -264,3 +264,45 @@ def test_prologue_layer_matches_fma(layer, lower_bound, tmp_path_factory):
     print(f"[prologue {layer}] " + " ".join(f"{n} rel_l2={e:.3e}" for n, e in errs.items()))
     for n, e in errs.items():
         within(f"{n} vs the FMA layer", e, ("hip-emulated", "bf16", "vs_fma_layer"))
+
+
+def _intra(lib: HipLibrary, K, V, x, lower_bound, *, strided=False):
+    """kda_intra_launch into NaN-poisoned workspaces (16-row walk chunks); returns them."""
+    q, k, v, g, b = x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"]
+    if strided:  # views of wider projections: the kernel's element-wise loads instead of 16-byte ones
+        q, k, v, g = (torch.cat([t, t[..., :4]], -1)[..., :t.shape[-1]] for t in (q, k, v, g))
+    T, H = q.shape[1], q.shape[2]
+    ci = prepare_chunk_indices(x["cu_seqlens"], 64).to(torch.int32).contiguous()
+    ws = {n: torch.full((T, H, d), float("nan"), dtype=torch.bfloat16)
+          for n, d in (("qg", K), ("w", K), ("kg", K), ("u", V), ("aqk", 16))}
+    ws["decay"] = torch.full((ci.shape[0] * 4, H, K), float("nan"))
+    lib.intra(dict(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=g.data_ptr(), beta=b.data_ptr(), A_log=x["A_log"].data_ptr(),
+        g_bias=x["g_bias"].data_ptr(), cu_seqlens=x["cu_seqlens"].data_ptr(), chunk_indices=ci.data_ptr(),
+        **{n: t.data_ptr() for n, t in ws.items()},
+        sq_t=q.stride(1), sq_h=q.stride(2), sk_t=k.stride(1), sk_h=k.stride(2), sv_t=v.stride(1), sv_h=v.stride(2),
+        sg_t=g.stride(1), sg_h=g.stride(2), sb_t=b.stride(1), sb_h=b.stride(2),
+        num_chunks=ci.shape[0], H=H, scale=K ** -0.5, lower_bound=lower_bound, stream=None))
+    return ws
+
+
+def test_intra_workspace_matches_reference(emu):
+    """kda_intra_kernel (16-row walk chunks, shared-memory tiles) against the float64 workspace: a T = 1
+    sequence, a T = 0 one, and lengths off the 16- and 64-row grids; every row of qg, kg, w, u and aqk is
+    written (the NaN poison is gone), decay rows exactly where a walk chunk has rows."""
+    lib, K, V = emu
+    x = make([1, 0, 45, 83], 2, K, V, seed=7)
+    ws = _intra(lib, K, V, x, -5.0)
+    ref = intra_workspace_reference(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"],
+                                    K ** -0.5, -5.0, x["cu_seqlens"])
+    assert torch.equal(torch.isnan(ws["decay"]), torch.isnan(ref["decay"]))
+    errs = {n: rel_l2(ws[n].double().nan_to_num(1e30), ref[n]) for n in ("qg", "kg", "w", "u", "aqk")}
+    live = ~torch.isnan(ref["decay"])
+    errs["decay"] = rel_l2(ws["decay"][live], ref["decay"][live])
+    print("[intra] " + " ".join(f"{n}={e:.3e}" for n, e in errs.items()))
+    for n, e in errs.items():
+        within(f"kda_intra {n}", e, ("hip-emulated", "bf16", "intra_workspace"))
+    # Strided projections take the element-wise loads: the same workspace, bit for bit.
+    st = _intra(lib, K, V, x, -5.0, strided=True)
+    for n in ws:
+        assert torch.equal(st[n].nan_to_num(7.0), ws[n].nan_to_num(7.0)), n

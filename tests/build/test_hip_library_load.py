@@ -28,7 +28,9 @@ int kda_chunk_size(void) { return 64; }
 const char* kda_error_string(int) { return "fake"; }
 int kda_prologue_smem_bytes(void) { return 1; }
 int kda_recurrence_smem_bytes(void) { return 1; }
+int kda_intra_smem_bytes(void) { return 1; }
 int kda_prologue_launch(void) { return 0; }
+int kda_intra_launch(void) { return 0; }
 int kda_recurrence_launch(void) { return 0; }
 }
 """

@@ -10,6 +10,7 @@
 
 #include "kda_prologue.h"
 #include "kda_group_scan.h"  // (and kda_recurrence.h)
+#include "kda_intra.h"
 
 #if !defined(KDA_DEVICE_ONLY)
 #ifndef KDA_LAUNCH_KERNEL
@@ -53,6 +54,16 @@ inline int prologue_launch(const PrologueArgs& a, int64_t num_chunks, kdaStream_
   if (err) return err;
   dim3 grid((unsigned)num_chunks, (unsigned)a.H);
   KDA_LAUNCH_KERNEL(kda_prologue_kernel, grid, kda_dyn_smem(sizeof(PrologueSmem)), stream)(a);
+  return (int)kdaGetLastError();
+}
+
+// One block per (16-row walk chunk, head): num_chunks metadata chunks of BT rows, ISPLIT walk chunks each.
+inline int intra_launch(const IntraArgs& a, int64_t num_chunks, kdaStream_t stream) {
+  if (num_chunks <= 0 || a.H <= 0) return 0;
+  int err = kda_prepare<decltype(&kda_intra_kernel), IntraSmem>(&kda_intra_kernel);
+  if (err) return err;
+  dim3 grid((unsigned)(num_chunks * ISPLIT), (unsigned)a.H);
+  KDA_LAUNCH_KERNEL(kda_intra_kernel, grid, kda_dyn_smem(sizeof(IntraSmem)), stream)(a);
   return (int)kdaGetLastError();
 }
 

@@ -25,6 +25,8 @@ typedef cudaError_t kdaError_t;
 #define kdaOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define KDA_DYNAMIC_SMEM 1
 #define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+// ... and at least `blocks` resident blocks per SM (registers capped to fit); AMD keeps its waves-per-SIMD floor.
+#define KDA_LAUNCH_BOUNDS_SM(n, blocks) __launch_bounds__(n, blocks)
 __device__ __forceinline__ float kda_exp2(float x) { return exp2f(x); }
 __device__ __forceinline__ float kda_log(float x) { return __logf(x); }
 __device__ __forceinline__ float kda_sqrt(float x) { return sqrtf(x); }
@@ -32,6 +34,14 @@ __device__ __forceinline__ float kda_exp(float x) { return exp2f(x * 1.442695040
 __device__ __forceinline__ uint32_t kda_f2u(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ float kda_u2f(uint32_t x) { return __uint_as_float(x); }
 __device__ __forceinline__ float kda_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ float kda_fast_div(float a, float b) { return __fdividef(a, b); }
+__device__ __forceinline__ void kda_wave_sync() { __syncwarp(); }
+#define KDA_HW_BF16 1
+__device__ __forceinline__ uint16_t kda_cvt_bf16(float f) {  // cvt.rn: round to nearest even, NaN stays NaN
+  uint16_t r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
 
 #else
 // ------------------------------------------------------------------------------------------ AMD
@@ -80,6 +90,7 @@ typedef hipError_t kdaError_t;
 // HIP's second __launch_bounds__ argument is the minimum waves per EU (SIMD): amdgpu_waves_per_eu.
 #define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n, KDA_AMD_MIN_WAVES_PER_EU)
 #endif
+#define KDA_LAUNCH_BOUNDS_SM(n, blocks) KDA_LAUNCH_BOUNDS(n)
 #define KDA_WARP 64
 // LDS is static on AMD so that the code object's group segment shows the real figure.
 #define KDA_DYNAMIC_SMEM 0
@@ -89,6 +100,13 @@ __device__ __forceinline__ float kda_sqrt(float x) { return __builtin_sqrtf(x); 
 __device__ __forceinline__ float kda_exp(float x) { return __builtin_exp2f(x * 1.4426950408889634f); }
 __device__ __forceinline__ uint32_t kda_f2u(float x) { return __builtin_bit_cast(uint32_t, x); }
 __device__ __forceinline__ float kda_u2f(uint32_t x) { return __builtin_bit_cast(float, x); }
+__device__ __forceinline__ float kda_fast_div(float a, float b) { return a * __builtin_amdgcn_rcpf(b); }
+// LDS writes of one wave visible to the whole wave.
+__device__ __forceinline__ void kda_wave_sync() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
 __device__ __forceinline__ int kda_lane() {
   return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
 }
@@ -105,10 +123,14 @@ static_assert(KDA_WARP == 32 || KDA_WARP == 64, "warp/wave size");
 typedef uint16_t kda_bf16;
 __device__ __forceinline__ float kda_bf16_to_f32(kda_bf16 x) { return kda_u2f(((uint32_t)x) << 16); }
 __device__ __forceinline__ kda_bf16 kda_f32_to_bf16(float f) {
+#if defined(KDA_HW_BF16)
+  return kda_cvt_bf16(f);  // one instruction where the target has it
+#else
   uint32_t u = kda_f2u(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (kda_bf16)((u >> 16) | 0x40u);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return (kda_bf16)(u >> 16);
+#endif
 }
 __device__ __forceinline__ float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 __device__ __forceinline__ float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }

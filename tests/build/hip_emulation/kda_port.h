@@ -23,6 +23,7 @@
 #define __host__
 #define __forceinline__ inline
 #define KDA_LAUNCH_BOUNDS(n)
+#define KDA_LAUNCH_BOUNDS_SM(n, blocks)
 #define KDA_DYNAMIC_SMEM 0
 #if !defined(KDA_MMA_LAYER) && defined(KDA_MMA_LAYER_DEFAULT)
 #define KDA_MMA_LAYER KDA_MMA_LAYER_DEFAULT  // the generated source's per-target default
@@ -64,6 +65,7 @@ inline kda_bf16 kda_f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return (kda_bf16)(u >> 16);
 }
+inline float kda_fast_div(float a, float b) { return a / b; }
 inline float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 inline float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }
 
@@ -120,6 +122,7 @@ struct kda_emu_regs { uint32_t a[8]; uint32_t b[8]; float c[8]; };
 inline kda_emu_regs kda_emu_slot[1024];
 inline float kda_emu_tile[1024 / 32][16][16];
 inline void kda_emu_wave_sync() { (*kda_emu_wave_barriers)[threadIdx.x / KDA_WARP]->arrive_and_wait(); }
+inline void kda_wave_sync() { kda_emu_wave_sync(); }
 
 // The common skeleton. Loc describes the instruction from the ISA: for each element of A (M x KD),
 // B (KD x N) and C/D (M x N), the lane holding it and the index of that element in the lane's operand

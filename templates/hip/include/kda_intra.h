@@ -1,0 +1,387 @@
+// SPDX-License-Identifier: Apache-2.0
+// kda_intra.h: the chunk-parallel half on 16-row walk chunks, one workgroup per (walk chunk, head), its
+// tiles in shared memory (copied verbatim; constants: kda_common.h).
+//
+// The Triton kernel kda_intra at intra_rows 16 computes the same workspace (docs/design.md section 1.5,
+// docs/perf-notes.md section 26 for this kernel's design and byte count). A walk chunk is the ISPLIT-th part
+// of a metadata chunk of BT rows. For the bounded gate and L2-normed q, k only (the plan's rule): factors
+// relative to row IREF span at most 8 rows of decay, within bf16's range, and |q|, |k| <= 1.
+//
+// Phases (one barrier after each): 1 the gate per element, row layout (ITPR threads per row, IEK columns
+// each, 16-byte loads); 2 its cumulative sum over the 16 rows, one thread per column; 3 norms, beta and every
+// exp2 factor in the row layout: qg, kg and the decay row go out, the operand tiles into LDS; 4 Aqk on one
+// wave (aqk out), Akk and then (I + A)^-1 by forward substitution on another, beta v into LDS on the rest;
+// 5 w = T (beta k exp2(G)) and u = T (beta v) on the matrix layer, staged in LDS; 6 w and u out in 16-byte
+// runs.
+#pragma once
+
+#include "kda_common.h"
+
+namespace kda {
+
+constexpr int IR = 16;                  // rows of a walk chunk: one matrix-layer tile
+constexpr int ISPLIT = BT / IR;         // walk chunks per metadata chunk
+constexpr int IREF = IR / 2 - 1;        // reference row of the Aqk / Akk factors
+constexpr int ITPR = THREADS / IR;      // threads per row in the row layout
+constexpr int IEK = K / ITPR;           // K columns per thread in the row layout
+constexpr int IEV = V / ITPR;           // V columns per thread
+constexpr int IWAVES = THREADS / KDA_WARP;
+// CUDA: resident blocks per SM the register allocation must leave room for (64 registers at 256 threads).
+#ifndef INTRA_BLOCKS_PER_SM
+#define INTRA_BLOCKS_PER_SM 4
+#endif
+static_assert(BT % IR == 0 && THREADS % IR == 0 && K % ITPR == 0 && V % ITPR == 0, "row layout");
+static_assert(IEK % 4 == 0 && IEV % 4 == 0 && IEK <= 16 && IEV <= 16, "row layout: 8-byte runs at least");
+static_assert(KDA_WARP % ITPR == 0, "a row's threads share one wave (the norms' shuffles)");
+static_assert(K <= THREADS, "scan layout: one thread per column");
+static_assert(IWAVES >= 3, "Aqk and Akk run on two waves while the others load v");
+static_assert(V % 8 == 0, "v moves in runs of 8");
+static_assert(IR * IR <= THREADS, "FMA fallback: one thread per Aqk / Akk entry");
+
+#if KDA_MMA_LAYER == KDA_LAYER_FMA
+constexpr int IKP = IR;
+#else
+// The T products' reduction runs over KDA_MMA_K rows (32 on gfx950): T's columns and the B tiles' rows past
+// IR are zero.
+constexpr int IKP = IR > KDA_MMA_K ? IR : KDA_MMA_K;
+#endif
+// Rows padded by 8 bf16 (16 bytes): the matrix layer's fragment reads and writes of consecutive rows then
+// fall in different banks.
+constexpr int ILK = K + 8, ILV = V + 8, ILT = IKP + 8;
+constexpr int ILA = IR + 4;  // fp32 rows of A: 16-byte aligned for the substitution's row reads
+
+struct IntraArgs {
+  const kda_bf16 *q, *k, *v, *g, *beta;
+  const float* A_log;
+  const float* g_bias;  // [H * K], or null
+  const int32_t *cu_seqlens, *chunk_indices;
+  kda_bf16 *qg, *w, *kg, *u, *aqk;  // [T, H, K] / [T, H, V] / [T, H, IR]
+  float* decay;                      // [walk chunks, H, K]
+  int64_t sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h;
+  int H;
+  float scale, lower_bound;
+};
+
+// Buffers alias by phase: r1 holds the gate (1-3), then beta v (5-6); r2 the Aqk / Akk operands (3-4), then
+// the w / u rows on their way out (6-7).
+struct alignas(16) IntraSmem {
+  union alignas(16) {
+    float G[IR][K];
+    kda_bf16 VB[IKP][ILV];
+  } r1;
+  union alignas(16) {
+    struct { kda_bf16 QU[IR][ILK], KU[IR][ILK], KD[IR][ILK]; } op;
+    struct { kda_bf16 W[IR][ILK], U[IR][ILV]; } out;
+  } r2;
+  alignas(16) kda_bf16 KW[IKP][ILK];
+  alignas(16) kda_bf16 TB[IR][ILT];
+  alignas(16) kda_bf16 AQ[IR][IR];
+  alignas(16) float A[IR][ILA];
+  float beta[IR];
+};
+
+// Row-layout accesses are whole 8- or 16-byte runs (a thread's IEK or IEV consecutive elements), so that a
+// quarter wave touches one contiguous 128-byte span of LDS: no bank conflicts.
+template <int N>
+struct alignas(N >= 8 ? 16 : 2 * N) IntraRun { kda_bf16 x[N]; };
+template <int N>
+constexpr int IRUN = N >= 8 ? 8 : N;  // elements per access
+
+// N bf16 from global memory: 8- or 16-byte loads when `vec`, else one by one (strided projections).
+template <int N>
+__device__ __forceinline__ void intra_load(IntraRun<N>& out, const kda_bf16* p, bool vec) {
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < N; i += IRUN<N>)
+      *reinterpret_cast<IntraRun<IRUN<N>>*>(&out.x[i]) = *reinterpret_cast<const IntraRun<IRUN<N>>*>(p + i);
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) out.x[e] = p[e];
+  }
+}
+template <int N>
+__device__ __forceinline__ void intra_store(kda_bf16* p, const float* x) {  // p 2N-byte aligned (LDS or global)
+#pragma unroll
+  for (int i = 0; i < N; i += IRUN<N>) {
+    IntraRun<IRUN<N>> r;
+#pragma unroll
+    for (int e = 0; e < IRUN<N>; ++e) r.x[e] = kda_f32_to_bf16(x[i + e]);
+    *reinterpret_cast<IntraRun<IRUN<N>>*>(p + i) = r;
+  }
+}
+template <int N>
+__device__ __forceinline__ void intra_copy(kda_bf16* dst, const kda_bf16* src) {  // both 2N-byte aligned
+#pragma unroll
+  for (int i = 0; i < N; i += IRUN<N>)
+    *reinterpret_cast<IntraRun<IRUN<N>>*>(dst + i) = *reinterpret_cast<const IntraRun<IRUN<N>>*>(src + i);
+}
+struct alignas(16) IntraF4 { float x[4]; };
+template <int N>
+__device__ __forceinline__ void intra_ld_f(float* out, const float* p) {  // N fp32, 16-byte aligned
+#pragma unroll
+  for (int i = 0; i < N; i += 4) *reinterpret_cast<IntraF4*>(out + i) = *reinterpret_cast<const IntraF4*>(p + i);
+}
+template <int N>
+__device__ __forceinline__ void intra_st_f(float* p, const float* x) {
+#pragma unroll
+  for (int i = 0; i < N; i += 4) *reinterpret_cast<IntraF4*>(p + i) = *reinterpret_cast<const IntraF4*>(x + i);
+}
+__device__ __forceinline__ bool intra_aligned(const void* p, int64_t s1, int64_t s2, int run) {
+  return ((uintptr_t)p % 16 == 0) && (s1 % run == 0) && (s2 % run == 0);
+}
+
+// T = (I + A)^-1 by fp32 forward substitution, column j on lane j < IR (N = T - I: N[i][j] = -A[i][j] -
+// sum_m A[i][m] N[m][j]); lanes j < width also zero T's padding columns.
+__device__ __forceinline__ void intra_inverse(IntraSmem& s, int lane, int width) {
+  if (lane < IR) {
+    const int j = lane;
+    float n[IR];
+#pragma unroll
+    for (int i = 0; i < IR; ++i) {
+      float a[IR];  // row i of A: the same address on every lane (broadcast), four 16-byte reads
+      intra_ld_f<IR>(a, &s.A[i][0]);
+      float x0 = -s.A[i][j], x1 = 0.f;  // two chains: half the dependent FMAs
+#pragma unroll
+      for (int m = 0; m < i; m += 2) {
+        x0 -= a[m] * n[m];
+        if (m + 1 < i) x1 -= a[m + 1] * n[m + 1];
+      }
+      n[i] = x0 + x1;
+    }
+#pragma unroll
+    for (int i = 0; i < IR; ++i) s.TB[i][j] = kda_f32_to_bf16(n[i] + (i == j ? 1.f : 0.f));
+  }
+  for (int i = lane; i < IR * (ILT - IR); i += width) s.TB[i / (ILT - IR)][IR + i % (ILT - IR)] = 0;
+}
+
+// aqk rows (< L) to global memory, 16 bytes per thread: threads `lane` < 2 IR.
+__device__ __forceinline__ void intra_aqk_out(const IntraSmem& s, const IntraArgs& p, int64_t t0, int L, int h,
+                                              int lane) {
+  const int i = lane / 2, half = lane % 2;
+  if (lane < 2 * IR && i < L)
+    intra_copy<IR / 2>(p.aqk + ((t0 + i) * p.H + h) * IR + half * (IR / 2), &s.AQ[i][half * (IR / 2)]);
+}
+
+// beta v into LDS (rows >= L and the padding rows zero), 8 columns per step, threads first, first + stride, ...
+__device__ __forceinline__ void intra_beta_v(IntraSmem& s, const IntraArgs& p, int64_t t0, int L, int h, int first,
+                                             int stride) {
+  const bool vec = intra_aligned(p.v, p.sv_t, p.sv_h, 8);
+  for (int i = first; i < IR * (V / 8); i += stride) {
+    const int row = i / (V / 8), col = (i % (V / 8)) * 8;
+    IntraRun<8> vr = {};
+    if (row < L) intra_load<8>(vr, p.v + (t0 + row) * p.sv_t + h * p.sv_h + col, vec);
+    float vb[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vb[e] = bf(vr.x[e]) * s.beta[row];
+    intra_store<8>(&s.r1.VB[row][col], vb);
+  }
+  for (int i = first; i < (IKP - IR) * ILV; i += stride) s.r1.VB[IR + i / ILV][i % ILV] = 0;
+}
+
+__global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_kernel(IntraArgs p) {
+  KDA_SMEM(IntraSmem, s);
+  const int tid = threadIdx.x;
+  const int64_t i_s = blockIdx.x;
+  const int h = blockIdx.y;
+  const int64_t ic = i_s / ISPLIT;
+  const int part = (int)(i_s % ISPLIT);
+  const int64_t i_n = p.chunk_indices[2 * ic], i_t = p.chunk_indices[2 * ic + 1];
+  const int64_t eos = p.cu_seqlens[i_n + 1];
+  const int64_t t0 = p.cu_seqlens[i_n] + i_t * BT + part * IR;
+  if (eos - t0 <= 0) return;  // a walk chunk past its sequence's end (the whole block): nothing to write
+  const int L = eos - t0 < IR ? (int)(eos - t0) : IR;
+
+  // ---- 1: the gate, row layout ---------------------------------------------------------------------
+  const int r = tid / ITPR, c0 = (tid % ITPR) * IEK, cv0 = (tid % ITPR) * IEV;
+  const bool valid = r < L;
+  const int64_t tok = t0 + r;
+  const float a_h = kda_exp(p.A_log[h]);
+  const float cexp = -a_h * RCP_LN2, lb = p.lower_bound * RCP_LN2;
+  IntraRun<IEK> qr = {}, kr = {}, zr = {};  // (v: phase 4)
+  if (valid) {
+    intra_load<IEK>(zr, p.g + tok * p.sg_t + h * p.sg_h + c0, intra_aligned(p.g, p.sg_t, p.sg_h, IEK));
+    intra_load<IEK>(qr, p.q + tok * p.sq_t + h * p.sq_h + c0, intra_aligned(p.q, p.sq_t, p.sq_h, IEK));
+    intra_load<IEK>(kr, p.k + tok * p.sk_t + h * p.sk_h + c0, intra_aligned(p.k, p.sk_t, p.sk_h, IEK));
+  }
+  const float beta = valid ? kda_sigmoid(bf(p.beta[tok * p.sb_t + h * p.sb_h])) : 0.f;
+  {
+    float ga[IEK], bias[IEK];
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) bias[e] = 0.f;
+    if (p.g_bias) intra_ld_f<IEK>(bias, p.g_bias + h * K + c0);  // torch's allocation: 16-byte aligned
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) {
+      // lower_bound * sigmoid(a (z + bias)) / ln 2 as one exp2 and one division (the Triton kernels' form)
+      ga[e] = valid ? kda_fast_div(lb, 1.f + kda_exp2(bf(zr.x[e]) * cexp + bias[e] * cexp)) : 0.f;
+    }
+    intra_st_f<IEK>(&s.r1.G[r][c0], ga);
+  }
+#if KDA_MMA_LAYER != KDA_LAYER_FMA
+  if (IKP > IR) {  // the zero rows of the T products' B tile (KW is written only in rows < IR)
+    for (int i = tid; i < (IKP - IR) * ILK; i += THREADS) s.KW[IR + i / ILK][i % ILK] = 0;
+  }
+#endif
+  __syncthreads();
+
+  // ---- 2: cumulative sum of each column over the 16 rows (one thread per column, conflict-free) ------
+  if (tid < K) {
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < IR; ++i) {
+      acc += s.r1.G[i][tid];
+      s.r1.G[i][tid] = acc;
+    }
+  }
+  __syncthreads();
+
+  // ---- 3: norms, factors; qg, kg, decay out; operand tiles in ---------------------------------------
+  {
+    float qv[IEK], kv[IEK];
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) { qv[e] = bf(qr.x[e]); kv[e] = bf(kr.x[e]); }
+    float sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) { sq += qv[e] * qv[e]; sk += kv[e] * kv[e]; }
+#pragma unroll
+    for (int m = 1; m < ITPR; m <<= 1) { sq += kda_shfl_xor(sq, m); sk += kda_shfl_xor(sk, m); }
+    const float rq = kda_rsqrt(sq + 1e-6f), rk = kda_rsqrt(sk + 1e-6f);
+    // Each product goes to its destination as soon as it is formed (fewer live registers).
+    float G[IEK], D[IEK], T[IEK], X[IEK];
+    intra_ld_f<IEK>(G, &s.r1.G[r][c0]);
+    intra_ld_f<IEK>(T, &s.r1.G[IREF][c0]);
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) D[e] = G[e] - T[e];  // G - G_ref
+    intra_ld_f<IEK>(T, &s.r1.G[IR - 1][c0]);          // G_last
+    const int64_t o = (tok * p.H + h) * K + c0;
+    if (r == 0) {
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) X[e] = kda_exp2(T[e]);
+      intra_st_f<IEK>(p.decay + (i_s * p.H + h) * K + c0, X);
+    }
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) X[e] = kv[e] * rk * kda_exp2(T[e] - G[e]);
+    if (valid) intra_store<IEK>(p.kg + o, X);
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) G[e] = kda_exp2(G[e]);  // exp2(G)
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) X[e] = qv[e] * rq * G[e];
+    if (valid) intra_store<IEK>(p.qg + o, X);
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) X[e] = kv[e] * rk * (G[e] * beta);
+    intra_store<IEK>(&s.KW[r][c0], X);
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) X[e] = kv[e] * rk * kda_exp2(-D[e]);
+    intra_store<IEK>(&s.r2.op.KD[r][c0], X);
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) D[e] = kda_exp2(D[e]);  // exp2(G - G_ref)
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) X[e] = qv[e] * rq * D[e];
+    intra_store<IEK>(&s.r2.op.QU[r][c0], X);
+#pragma unroll
+    for (int e = 0; e < IEK; ++e) X[e] = kv[e] * rk * D[e];
+    intra_store<IEK>(&s.r2.op.KU[r][c0], X);
+    if (tid % ITPR == 0) s.beta[r] = beta;
+  }
+  __syncthreads();
+
+  // ---- 4: Aqk and Akk, T = (I + A)^-1, beta v ------------------------------------------------------
+  // Matrix layer: wave 0 forms Aqk and stores aqk; wave 1 forms Akk and inverts I + A right away (a wave-level
+  // sync between them); the other waves bring beta v into LDS meanwhile. FMA fallback: the same, one step
+  // after the other on all threads.
+#if KDA_MMA_LAYER != KDA_LAYER_FMA
+  {
+    const int wave = tid / KDA_WARP, lane = tid % KDA_WARP;
+    if (wave < 2) {
+      const kda_bf16* A = wave == 0 ? &s.r2.op.QU[0][0] : &s.r2.op.KU[0][0];
+      kda_frag_c c;
+      kda_frag_zero(c);
+#pragma unroll
+      for (int kk = 0; kk < K; kk += KDA_MMA_K) {
+        kda_frag_a a;
+        kda_frag_b b;
+        kda_load_a<ILK, 1>(a, A + kk);
+        kda_load_b<1, ILK>(b, &s.r2.op.KD[0][0] + kk);  // B[k][n] = KD[n][kk + k]
+        kda_mma16(c, a, b);
+      }
+      // Entries above the diagonal may overflow; a select discards them, nothing multiplies them.
+#pragma unroll
+      for (int e = 0; e < KDA_C_ELEMS; ++e) {
+        const int i = kda_c_row(e), j = kda_c_col(e);
+        if (wave == 0) s.AQ[i][j] = kda_f32_to_bf16(i >= j ? c.x[e] * p.scale : 0.f);
+        else s.A[i][j] = i > j ? c.x[e] * s.beta[i] : 0.f;
+      }
+      kda_wave_sync();
+      if (wave == 0) intra_aqk_out(s, p, t0, L, h, lane);
+      else intra_inverse(s, lane, KDA_WARP);
+    } else {
+      intra_beta_v(s, p, t0, L, h, tid - 2 * KDA_WARP, THREADS - 2 * KDA_WARP);
+    }
+  }
+#else
+  {
+    const int i = tid / IR, j = tid % IR;
+    if (tid < IR * IR) {
+      float aq = 0.f, ak = 0.f;
+      for (int c = 0; c < K; ++c) {
+        const float kd = bf(s.r2.op.KD[j][c]);
+        aq += bf(s.r2.op.QU[i][c]) * kd;
+        ak += bf(s.r2.op.KU[i][c]) * kd;
+      }
+      s.AQ[i][j] = kda_f32_to_bf16(i >= j ? aq * p.scale : 0.f);
+      s.A[i][j] = i > j ? ak * s.beta[i] : 0.f;
+    }
+    intra_beta_v(s, p, t0, L, h, tid, THREADS);
+  }
+  __syncthreads();
+  intra_aqk_out(s, p, t0, L, h, tid);
+  intra_inverse(s, tid, THREADS);
+#endif
+  __syncthreads();
+
+  // ---- 5: w = T KW and u = T VB, 16 columns per tile ------------------------------------------------
+#if KDA_MMA_LAYER != KDA_LAYER_FMA
+  {
+    const int wave = tid / KDA_WARP;
+    constexpr int NW = K / 16, NU = V / 16;
+    for (int tile = wave; tile < NW + NU; tile += IWAVES) {
+      const bool is_w = tile < NW;
+      const int n0 = (is_w ? tile : tile - NW) * 16;
+      kda_frag_c c;
+      kda_frag_zero(c);
+#pragma unroll
+      for (int kk = 0; kk < IKP; kk += KDA_MMA_K) {
+        kda_frag_a a;
+        kda_frag_b b;
+        kda_load_a<ILT, 1>(a, &s.TB[0][0] + kk);
+        if (is_w) kda_load_b<ILK, 1>(b, &s.KW[kk][n0]);  // B[k][n] = KW[kk + k][n0 + n]
+        else kda_load_b<ILV, 1>(b, &s.r1.VB[kk][n0]);
+        kda_mma16(c, a, b);
+      }
+#pragma unroll
+      for (int e = 0; e < KDA_C_ELEMS; ++e) {
+        const kda_bf16 x = kda_f32_to_bf16(c.x[e]);
+        if (is_w) s.r2.out.W[kda_c_row(e)][n0 + kda_c_col(e)] = x;
+        else s.r2.out.U[kda_c_row(e)][n0 + kda_c_col(e)] = x;
+      }
+    }
+  }
+#else
+  for (int idx = tid; idx < IR * (K + V); idx += THREADS) {
+    const int i = idx / (K + V), col = idx % (K + V);
+    float acc = 0.f;
+    for (int m = 0; m < IR; ++m)
+      acc += bf(s.TB[i][m]) * (col < K ? bf(s.KW[m][col]) : bf(s.r1.VB[m][col - K]));
+    if (col < K) s.r2.out.W[i][col] = kda_f32_to_bf16(acc);
+    else s.r2.out.U[i][col - K] = kda_f32_to_bf16(acc);
+  }
+#endif
+  __syncthreads();
+
+  // ---- 6: w and u out --------------------------------------------------------------------------------
+  if (valid) {
+    intra_copy<IEK>(p.w + (tok * p.H + h) * K + c0, &s.r2.out.W[r][c0]);
+    intra_copy<IEV>(p.u + (tok * p.H + h) * V + cv0, &s.r2.out.U[r][cv0]);
+  }
+}
+
+}  // namespace kda

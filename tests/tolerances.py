@@ -85,8 +85,12 @@ TOLERANCES: dict[Key, Tolerance] = {
     ("hip-emulated", "bf16", "final_state"): Tolerance(2.9e-3, 2.5, EMULATED),
     ("hip-emulated", "bf16", "vs_one_group"): Tolerance(1.6e-3, 3.0, EMULATED),
     ("hip-emulated", "bf16", "vs_fma_layer"): Tolerance(2.9e-3, 2.5, EMULATED),
-    ("fused-gpu", "bf16", "intra_workspace"): Tolerance(2.7e-3, 2.5, EMULATED_INTRA),
+    ("fused-gpu", "bf16", "intra_workspace"): Tolerance(3.06e-3, 2.5, "H200, tests/gpu/test_fused_intra.py, aqk the "
+                                                        "worst (2026-12-02)"),
+    ("fused-gpu", "bf16", "intra_correlated"): Tolerance(4.15e-3, 2.5, "H200, tests/gpu/test_fused_intra.py, w "
+                                                         "(2026-12-02)"),
     ("hip-emulated", "bf16", "intra_workspace"): Tolerance(2.7e-3, 2.5, EMULATED_INTRA),
+    ("hip-emulated", "bf16", "intra_correlated"): Tolerance(3.87e-3, 2.5, EMULATED_INTRA),  # T21 zeroed: 0.15
     # Max abs error of one 16 x 16 x 64 tile product against float64 (fp32 accumulation).
     ("hip-emulated", "bf16", "mma_tile_abs"): Tolerance(2.4e-6, 3.0, EMULATED),
 }

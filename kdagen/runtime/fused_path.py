@@ -114,16 +114,45 @@ def run_intra(lib: HipLibrary, ws: dict[str, torch.Tensor], *, q: torch.Tensor, 
          "workspace decay must be contiguous fp32 [n_chunks * 4, H, K]")
     if n_chunks == 0 or H == 0:
         return
+    launch = HipIntraLaunch(lib, ws, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=lower_bound,
+                            has_bias=g_bias is not None, H=H)
     with torch.cuda.device(q.device):
-        lib.intra(dict(
-            q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=raw_g.data_ptr(), beta=raw_beta.data_ptr(),
-            A_log=A_log.data_ptr(), g_bias=_ptr(g_bias), cu_seqlens=cu_seqlens.data_ptr(),
-            chunk_indices=chunk_indices.data_ptr(), **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk")},
-            decay=ws["decay"].data_ptr(),
+        launch([q, k, v, raw_g, raw_beta, A_log, g_bias if g_bias is not None else A_log, scale])
+
+
+class HipIntraLaunch:
+    """kda_intra_kernel as the first launch of a Triton program (triton_path.TritonProgram's `intra`): called
+    with the program's run values (triton_path.RUN_ORDER), it writes the program's workspace views `ws`, which
+    the Triton walk then reads. The metadata (int32) and the workspace are fixed when the plan is made, so a
+    call only converts what the kernel takes in another dtype (raw_g and raw_beta to bf16, A_log and g_bias to
+    fp32) and launches; nothing syncs, so graphs capture it."""
+
+    __slots__ = ("lib", "ws", "cu", "ci", "lower_bound", "has_bias", "H", "_static")
+
+    def __init__(self, lib: HipLibrary, ws: dict[str, torch.Tensor], *, cu_seqlens: torch.Tensor,
+                 chunk_indices: torch.Tensor, lower_bound: float, has_bias: bool, H: int):
+        self.lib, self.ws, self.lower_bound, self.has_bias, self.H = lib, ws, float(lower_bound), has_bias, H
+        self.cu = _i32(cu_seqlens)
+        self.ci = _i32(chunk_indices)
+        n_chunks = self.ci.shape[0] if self.ci.numel() else 0
+        self._static = dict(cu_seqlens=self.cu.data_ptr(), chunk_indices=self.ci.data_ptr(),
+                            **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
+                            num_chunks=n_chunks, H=H, lower_bound=self.lower_bound)
+
+    def __call__(self, values: list, key: tuple | None = None) -> None:
+        q, k, v, raw_g, raw_beta, A_log, g_bias, scale = values[:8]
+        if raw_g.dtype != torch.bfloat16:
+            raw_g = raw_g.to(torch.bfloat16)  # NOTE: the kernel reads bf16 gates, as the fused path always has
+        if raw_beta.dtype != torch.bfloat16:
+            raw_beta = raw_beta.to(torch.bfloat16)
+        A_log = A_log.to(torch.float32).contiguous()
+        g_bias = g_bias.to(torch.float32).contiguous() if self.has_bias else None
+        self.lib.intra(dict(
+            self._static, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=raw_g.data_ptr(),
+            beta=raw_beta.data_ptr(), A_log=A_log.data_ptr(), g_bias=_ptr(g_bias),
             sq_t=q.stride(1), sq_h=q.stride(2), sk_t=k.stride(1), sk_h=k.stride(2), sv_t=v.stride(1),
             sv_h=v.stride(2), sg_t=raw_g.stride(1), sg_h=raw_g.stride(2), sb_t=raw_beta.stride(1),
-            sb_h=raw_beta.stride(2), num_chunks=n_chunks, H=H, scale=float(scale), lower_bound=float(lower_bound),
-            stream=torch.cuda.current_stream(q.device).cuda_stream))
+            sb_h=raw_beta.stride(2), scale=float(scale), stream=torch.cuda.current_stream(q.device).cuda_stream))
 
 
 def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor,

@@ -12,6 +12,17 @@ Note [Plan and run]
     validators of validate.py run to say precisely what is wrong; nothing is written before that.
     A plan's workspace is reused by every run: runs of one plan must not overlap in time (one stream, one
     layer after another), like a serving engine's forward pass. Runs are graph-capturable.
+
+Note [Fused plans]
+    A fused plan (use_fused_chunk=True, Note [Fused path choice]) runs the HIP kda_intra_kernel (the
+    chunk-parallel half on 16-row walk chunks, templates/hip/include/kda_intra.h) in place of the Triton
+    kda_intra, then the Triton walk on the same workspace: the Triton program with its first launch replaced,
+    so state routing, checkpoints, group counts and graph capture are the Triton path's. That needs the gate
+    and norm kda_intra needs (triton_path.intra_fits) and a Triton variant of the same head dims; otherwise the
+    fused path's own two kernels (kda_prologue.h, kda_recurrence.h) run, as they did before. The walk steps over
+    16 rows in every regime (the Triton path alone takes 32 where the walks do not fill the GPU). On the H200 the
+    HIP kernel is 23-24% faster than the Triton kda_intra (docs/perf-notes.md sections 27 and 28). With no
+    `out` the output goes into v, the fused path's contract (fused_output).
 """
 
 from __future__ import annotations
@@ -26,8 +37,8 @@ import torch
 from . import debug_checks, fused_path
 from .jit_hip import HipLibrary
 from .registry import VariantEntry
-from .triton_path import (TritonProgram, chunk_design, launch_tuning, recurrence_groups, tuning_for,
-                          workspace_layout)
+from .triton_path import (HIP_INTRA_ROWS, TritonProgram, chunk_design, intra_fits, launch_tuning,
+                          recurrence_groups, tuning_for, workspace_layout)
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
                        may_overlap, no_overlap)
 from ..targets import refused_config
@@ -75,7 +86,8 @@ class KdaPrefillPlan:
         self._final_shape = (p.N, p.H, p.V, p.K)
         cu, ci, co = packed_metadata(p, entry.chunk_size, b.device, b.cu_seqlens, b.chunk_indices, b.chunk_offsets)
         self._cu, self._ci, self._co = cu, ci, co
-        if lib is not None:
+        if lib is not None and (mod is None or intra_fits(b.lower_bound, b.use_qk_l2norm) is not None):
+            # Note [Fused plans]: the fused path's own two kernels.
             self.groups = groups  # None: fused_path picks from its own cost model
             self.workspace_bytes = 0
             return
@@ -84,14 +96,17 @@ class KdaPrefillPlan:
         if (why := refused_config(target, tun)) is not None:
             raise ValueError(f"{OP}: tuning {tun} refused on {target}: {why}")
         n_chunks = ci.shape[0]
-        self.design = design = chunk_design(b.lower_bound, b.use_qk_l2norm, design)
+        self.design = design = chunk_design(b.lower_bound, b.use_qk_l2norm, "intra" if lib is not None else design)
         # The group count's model counts metadata chunks and was fitted on whole-chunk walks; kda_intra's walk
         # takes twice the steps at about half the work each (7-9% slower in all, docs/perf-notes.md section 23).
         # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.
         self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
                                         checkpoints=b.checkpoint_offsets is not None)
         # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.
-        self.launch_tuning = lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device, design)
+        lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device, design)
+        if lib is not None:
+            lt = {**lt, "intra_rows": HIP_INTRA_ROWS}  # the HIP kernel's walk chunk, in every regime
+        self.launch_tuning = lt
         if (why := refused_config(target, lt)) is not None:
             raise ValueError(f"{OP}: tuning {lt} (its dense_* knobs: the walks fill the GPU) refused on {target}: "
                              f"{why}")
@@ -109,7 +124,9 @@ class KdaPrefillPlan:
             cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co, state_ins=state_ins,
             state_out=2 if self._paged else int(b.output_final_state), state_indices=b.state_indices,
             has_initial_state=b.has_initial_state, device=b.device, checkpoint_offsets=b.checkpoint_offsets,
-            checkpoint_state_indices=b.checkpoint_state_indices, design=design)
+            checkpoint_state_indices=b.checkpoint_state_indices, design=design,
+            hip_intra=None if lib is None else lambda ws: fused_path.HipIntraLaunch(
+                lib, ws, cu_seqlens=cu, chunk_indices=ci, lower_bound=b.lower_bound, has_bias=b.has_g_bias, H=p.H))
 
     # ------------------------------------------------------------------------------------------- run
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,
@@ -129,9 +146,11 @@ class KdaPrefillPlan:
                           checkpoint_state, scale)
         if self._data_checks:
             self._check_rows(state_cache, checkpoint_state)
-        if self.lib is not None:
+        if self.program is None:
             return self._run_fused(q, k, v, raw_g, raw_beta, A_log, g_bias, float(scale), initial_state, out,
                                    state_cache, checkpoint_state)
+        if self.lib is not None and out is None:
+            out = fused_output(v, initial_state, state_cache, checkpoint_state)  # the fused path's contract
         values, state_in, o, o_packed, final = self.bind(q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
                                                          initial_state, out, state_cache, strides, checkpoint_state)
         self.program.run(values, state_in)  # type: ignore[union-attr]

@@ -15,7 +15,7 @@ import torch
 from . import debug_checks, fused_choice
 from .device import check_interpreter_mode, interpreting, target_of
 from .plan import Batch, KdaPrefillPlan
-from .registry import VariantEntry, select_variant
+from .registry import NoVariantError, VariantEntry, select_variant
 from .validate import (INDEX_DTYPES, IO_DTYPES, OP, Problem, check_batch_metadata, check_checkpoint_routing,
                        check_flags, check_gate_form, check_state_routing, fail, tensor)
 
@@ -37,6 +37,17 @@ def _module(entry: VariantEntry, target: str) -> ModuleType:
                      "them", entry.name, target)
         mod = _loaded[key] = entry.load()  # type: ignore[assignment]
     return mod  # type: ignore[return-value]
+
+
+def _walk_module(variants: tuple[VariantEntry, ...], hip: VariantEntry, b: Batch, target: str) -> ModuleType | None:
+    """The Triton variant whose walk a fused plan runs after the HIP kda_intra_kernel (Note [Fused plans],
+    plan.py): same head dims, dtype and chunk size; None if the registry has none."""
+    try:
+        entry = select_variant(variants, backend="triton", head_dim_k=b.p.K, head_dim_v=b.p.V, dtype=b.dtype,
+                               target=target)
+    except NoVariantError:
+        return None
+    return _module(entry, target) if entry.chunk_size == hip.chunk_size else None
 
 
 def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: bool = False,
@@ -65,7 +76,8 @@ def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: 
         checked_chunk = decision.entry.chunk_size
         lib = fused_choice.fused_library(decision.entry, decision.target)
         if lib is not None:
-            return KdaPrefillPlan(b, entry=decision.entry, target=decision.target, mod=None, lib=lib,
+            return KdaPrefillPlan(b, entry=decision.entry, target=decision.target,
+                                  mod=_walk_module(variants, decision.entry, b, decision.target), lib=lib,
                                   groups=groups, workspace=workspace, tuning=None, data_checks=data_checks)
     target = target_of(device)
     entry = select_variant(variants, backend="triton", head_dim_k=p.K, head_dim_v=p.V, dtype=b.dtype, target=target)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 
 import torch
@@ -46,6 +46,9 @@ MIDPOINT_DIAG_MIN_LOWER_BOUND = -10.0
 DESIGNS = ("intra", "pair")
 DESIGN_ENV = "KDAGEN_TRITON_DESIGN"
 INTRA_CHUNK = 32
+# The walk chunk of the HIP kda_intra_kernel (templates/hip/include/kda_intra.h), which the fused path's plans
+# launch in place of the Triton kda_intra.
+HIP_INTRA_ROWS = 16
 
 
 def diag_ref(lower_bound: float | None) -> int:
@@ -208,7 +211,8 @@ class TritonProgram:
                  chunk_offsets: torch.Tensor, state_ins: tuple[int, ...], state_out: int,
                  state_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
                  device: torch.device, checkpoint_offsets: torch.Tensor | None = None,
-                 checkpoint_state_indices: torch.Tensor | None = None, design: str = "pair"):
+                 checkpoint_state_indices: torch.Tensor | None = None, design: str = "pair",
+                 hip_intra: Callable[[dict[str, torch.Tensor]], Callable] | None = None):
         tun = tuning
         split = walk_split(design, mod.CHUNK_SIZE, tun["intra_rows"])
         self.groups = groups = check_groups(groups, OP)
@@ -220,7 +224,13 @@ class TritonProgram:
         self.prologue: KernelLaunch | None = None
         self.wu: KernelLaunch | None = None
         self.intra: KernelLaunch | None = None
-        if n_chunks > 0 and H > 0 and design == "intra":
+        if n_chunks > 0 and H > 0 and design == "intra" and hip_intra is not None:
+            # The fused path's plans: the HIP kda_intra_kernel writes the same workspace (16-row walk chunks).
+            if mod.CHUNK_SIZE // split != HIP_INTRA_ROWS:
+                raise ValueError(f"{OP}: the HIP kda_intra_kernel takes {HIP_INTRA_ROWS}-row walk chunks, this plan "
+                                 f"{mod.CHUNK_SIZE // split}")
+            self.intra = hip_intra(dict(ws))
+        elif n_chunks > 0 and H > 0 and design == "intra":
             self.intra = KernelLaunch(
                 mod, KDA_INTRA, (n_chunks * split, H),
                 constexprs=dict(SPLIT=split, BLOCK_V=min(tun["intra_block_v"], mod.BV), HAS_BIAS=has_bias,

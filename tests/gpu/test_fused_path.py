@@ -6,7 +6,8 @@ the state cache in place, checkpoints, strided `out` / projections, the group sc
 
 Skips without CUDA, on a device target no hip variant declares, and without the compiler the target
 needs (the public call would then run the Triton path with a warning, which proves nothing here).
-Every public fused call asserts that fused_path.run_fused really ran.
+Every public fused call asserts that a fused plan ran, and that it launched the HIP kda_intra_kernel where the
+gate is one kda_intra takes (Note [Fused plans]); run_fused directly runs the fused path's own two kernels.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ if not torch.cuda.is_available():
 import kdagen_kernels
 from kdagen.reference import chunk_kda_prefill_reference, rel_l2
 from kdagen.runtime import dispatch, fused_path, jit_hip
+from kdagen.runtime import plan as plan_mod
+from kdagen.runtime.triton_path import intra_fits
 from kdagen.runtime.device import target_of
 from tests.kda_cases import cu_of, make_inputs, poisoned_out
 from tests.tolerances import check, within
@@ -54,15 +57,28 @@ def libs():
 
 @pytest.fixture(autouse=True)
 def fused_runs(libs, monkeypatch):
-    """Counts fused_path.run_fused calls made by the dispatcher (and requires the libraries)."""
-    calls: list[int] = []
-    real = fused_path.run_fused
+    """Counts the runs of fused plans made by the dispatcher (and requires the libraries), and the HIP
+    kda_intra_kernel launches among them (Note [Fused plans]): a bounded gate kda_intra takes must launch it."""
+    calls: list[str] = []
+    real_run, real_intra, real_fused = (plan_mod.KdaPrefillPlan.run, fused_path.HipIntraLaunch.__call__,
+                                        fused_path.run_fused)
 
-    def spy(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
+    def run(self, *a, **kw):
+        if self.path == "fused":
+            calls.append("plan")
+        return real_run(self, *a, **kw)
 
-    monkeypatch.setattr(fused_path, "run_fused", spy)
+    def intra(self, *a, **kw):
+        calls.append("hip_intra")
+        return real_intra(self, *a, **kw)
+
+    def own_kernels(*a, **kw):
+        calls.append("run_fused")
+        return real_fused(*a, **kw)
+
+    monkeypatch.setattr(plan_mod.KdaPrefillPlan, "run", run)
+    monkeypatch.setattr(fused_path.HipIntraLaunch, "__call__", intra)
+    monkeypatch.setattr(fused_path, "run_fused", own_kernels)
     return calls
 
 
@@ -71,7 +87,11 @@ def _fused(fused_runs, args, **kw):
     before = len(fused_runs)
     o, s = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, **kw)
     torch.cuda.synchronize()
-    assert len(fused_runs) == before + 1, "use_fused_chunk=True did not run the fused path"
+    ran = fused_runs[before:]
+    assert ran[:1] == ["plan"], "use_fused_chunk=True did not run the fused path"
+    # Note [Fused plans]: kda_intra's gate takes the HIP kernel when there is a chunk to compute.
+    if intra_fits(args["lower_bound"], True) is None and int(args["cu_seqlens"][-1]) > 0:
+        assert "hip_intra" in ran, "the fused plan did not launch kda_intra_kernel"
     return o, s
 
 
@@ -135,6 +155,18 @@ def test_fused_matches_reference_and_triton(fused_runs, K, V, lens):
     within("fused vs Triton output", rel_l2(o, to), ("fused-gpu", "bf16", "vs_triton"))
     within("fused vs Triton final state", rel_l2(s, ts), ("fused-gpu", "bf16", "vs_triton"))
     print(f"\n  fused K={K} V={V} {lens[:4]}: rel L2 output {eo:.2e}, state {es:.2e}", end="")
+
+
+def test_a_bound_kda_intra_cannot_take_runs_the_fused_kernels(fused_runs):
+    """lower_bound -10 is past kda_intra's factor range (Note [Fused plans]): the fused path's own prologue and
+    recurrence run, against the reference as before."""
+    args = make_inputs([513, 64, 1, 200], H, 128, 128, BF16, DEV, lower_bound=-10.0, seed=17)
+    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    before = len(fused_runs)
+    o, s = _fused(fused_runs, args, out=poisoned_out(args["v"]))
+    assert fused_runs[before:] == ["plan", "run_fused"]
+    check("fused output (own kernels)", o, ref_o, OUT)
+    check("fused final state (own kernels)", s, ref_s, STATE)
 
 
 def test_zero_length_sequences_in_a_ragged_batch(fused_runs):
@@ -349,7 +381,7 @@ def test_graph_capture_equals_eager(fused_runs):
     out.fill_(NAN)
     graph.replay()
     torch.cuda.synchronize()
-    assert len(fused_runs) == 3, "the captured call did not take the fused path"
+    assert fused_runs.count("plan") == 3, "the captured call did not take the fused path"
     assert torch.equal(out, o_eager) and torch.equal(s_graph, s_eager)
 
 

@@ -202,9 +202,35 @@ def test_can_use_fused_is_false_without_cuda_in_the_interpreter_or_without_the_c
 
 # ---- calls that take the fused path --------------------------------------------------------------
 
+# Note [Fused plans]: kda_intra's gate (lower_bound -5, the L2 norm) takes the HIP kda_intra_kernel and the
+# Triton walk; a bound kda_intra cannot take (-10) the fused path's own kernels, through run_fused.
+OWN_KERNELS = -10.0
+
+
+def test_fused_call_runs_the_hip_intra_kernel_before_the_triton_walk(on_sm90, monkeypatch):
+    rec = _fake(monkeypatch)
+    runs = _fake_triton(monkeypatch, programs=(programs := []))
+    args = _args()
+    out = torch.full_like(args["v"], float("nan"))
+    o, final = kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
+    assert o is out and final.shape == (2, H, 128, 128) and final.dtype == torch.float32
+    assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")] and rec.runs == []
+    (program,), (values,) = programs, runs
+    launch = program.intra
+    assert isinstance(launch, fused_path.HipIntraLaunch) and launch.lib is rec.lib
+    assert launch.lower_bound == -5.0 and launch.has_bias and launch.H == H
+    assert launch.ci.dtype == torch.int32 and torch.equal(launch.ci.long(), torch.tensor([[0, 0], [1, 0]]))
+    assert tuple(launch.ws["aqk"].shape) == (12, H, 16) and tuple(launch.ws["decay"].shape) == (2 * 4, H, 128)
+    for name in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias"):
+        assert values[name] is args[name], name
+    assert values["o"] is out and values["ht"] is final and values["h0"] is args["initial_state"]
+    kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
+    assert len(rec.loads) == 1 and len(runs) == 2  # the library is loaded once per process
+
+
 def test_fused_call_passes_everything_to_run_fused(on_sm90, monkeypatch):
     rec = _fake(monkeypatch)
-    args = _args()
+    args = _args(lower_bound=OWN_KERNELS)
     out = torch.full_like(args["v"], float("nan"))
     o, final = kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
     assert o is out and bool((o == 0.25).all())
@@ -213,7 +239,7 @@ def test_fused_call_passes_everything_to_run_fused(on_sm90, monkeypatch):
     (kw,) = rec.runs
     assert kw["groups"] is None  # the group count is run_fused's automatic choice
     assert kw["out"] is out and kw["final_state"] is final and kw["initial_state"] is args["initial_state"]
-    assert kw["use_qk_l2norm"] is True and kw["lower_bound"] == -5.0 and kw["scale"] == 128 ** -0.5
+    assert kw["use_qk_l2norm"] is True and kw["lower_bound"] == OWN_KERNELS and kw["scale"] == 128 ** -0.5
     for name in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "cu_seqlens"):
         assert kw[name] is args[name], name
     assert torch.equal(kw["chunk_indices"].long(), torch.tensor([[0, 0], [1, 0]]))
@@ -224,9 +250,11 @@ def test_fused_call_passes_everything_to_run_fused(on_sm90, monkeypatch):
     assert len(rec.loads) == 1 and len(rec.runs) == 2  # the library is loaded once per process
 
 
-def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch):
+@pytest.mark.parametrize("lower_bound", [-5.0, OWN_KERNELS], ids=["hip_intra", "own_kernels"])
+def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch, lower_bound):
     rec = _fake(monkeypatch)
-    args = _args((130, 3), h0=False)
+    runs = _fake_triton(monkeypatch)
+    args = _args((130, 3), h0=False, lower_bound=lower_bound)
     cache = torch.randn(4, H, 128, 128)
     ck = torch.full((3, H, 128, 128), float("nan"))
     extra = {"state_cache": cache, "state_indices": torch.tensor([2, -1], dtype=torch.int32),
@@ -236,23 +264,33 @@ def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch):
     _, final = kdagen_kernels.chunk_kda_prefill(**args, out=torch.empty_like(args["v"]), use_fused_chunk=True,
                                                 **extra)
     assert final is None
-    (kw,) = rec.runs
-    assert kw["final_state"] is None and kw["initial_state"] is None
-    for name, t in extra.items():
-        assert kw[name] is t, name
+    if lower_bound == OWN_KERNELS:
+        (kw,) = rec.runs
+        assert kw["final_state"] is None and kw["initial_state"] is None
+        for name, t in extra.items():
+            assert kw[name] is t, name
+    else:  # the Triton walk reads and writes the cache rows in place and writes the checkpoints
+        (values,) = runs
+        assert rec.runs == [] and values["h0"] is cache and values["ht"] is cache and values["ckpt"] is ck
 
 
-def test_out_none_writes_into_a_contiguous_v(on_sm90, monkeypatch):
+@pytest.mark.parametrize("lower_bound", [-5.0, OWN_KERNELS], ids=["hip_intra", "own_kernels"])
+def test_out_none_writes_into_a_contiguous_v(on_sm90, monkeypatch, lower_bound):
     _fake(monkeypatch)
-    args = _args()
+    runs = _fake_triton(monkeypatch)
+    args = _args(lower_bound=lower_bound)
     v = args["v"]
     o, _ = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True)
-    assert o.data_ptr() == v.data_ptr() and bool((v == 0.25).all())  # as vLLM's op: v is dead by then
+    assert o.data_ptr() == v.data_ptr()  # as vLLM's op: v is dead by then (read by the first kernel)
+    if lower_bound == OWN_KERNELS:
+        assert bool((v == 0.25).all())
+    else:
+        assert runs[0]["o"].data_ptr() == v.data_ptr()
 
 
 def test_out_none_with_a_strided_v_allocates(on_sm90, monkeypatch):
     _fake(monkeypatch)
-    args = _args()
+    args = _args(lower_bound=OWN_KERNELS)
     wide = torch.randn(1, 12, H, 160).to(torch.bfloat16)
     args["v"] = wide[..., :128]
     before = wide.clone()
@@ -311,13 +349,19 @@ def test_cpu_tensors_never_take_the_fused_path(monkeypatch, caplog, set_interpre
     assert "no GPU target" in caplog.text
 
 
-def _fake_triton(monkeypatch) -> list[dict]:
-    """Records each Triton-path run's per-run values by name (triton_path.RUN_ORDER) instead of launching."""
+def _fake_triton(monkeypatch, programs: list | None = None) -> list[dict]:
+    """Records each Triton-path run's per-run values by name (triton_path.RUN_ORDER), and the program into
+    `programs`, instead of launching."""
     from kdagen.runtime import triton_path
 
     runs: list[dict] = []
-    monkeypatch.setattr(triton_path.TritonProgram, "run",
-                        lambda self, values, state_in: runs.append(dict(zip(triton_path.RUN_ORDER, values))))
+
+    def run(self, values, state_in):
+        runs.append(dict(zip(triton_path.RUN_ORDER, values)))
+        if programs is not None:
+            programs.append(self)
+
+    monkeypatch.setattr(triton_path.TritonProgram, "run", run)
     return runs
 
 

@@ -8,7 +8,7 @@
 // relative to row IREF span at most 8 rows of decay, within bf16's range, and |q|, |k| <= 1.
 //
 // Phases (one barrier after each): 1 the gate per element, row layout (ITPR threads per row, IEK columns
-// each, 16-byte loads); 2 its cumulative sum over the 16 rows, one thread per column; 3 norms, beta and every
+// each, 16-byte loads); 2 its cumulative sum over the 16 rows, ISCAN lanes per column; 3 norms, beta and every
 // exp2 factor in the row layout: qg, kg and the decay row go out, the operand tiles into LDS; 4 Aqk on one
 // wave (aqk out), Akk and then (I + A)^-1 by forward substitution on another, beta v into LDS on the rest;
 // 5 w = T (beta k exp2(G)) and u = T (beta v) on the matrix layer, staged in LDS; 6 w and u out in 16-byte
@@ -22,6 +22,7 @@ namespace kda {
 constexpr int IR = 16;                  // rows of a walk chunk: one matrix-layer tile
 constexpr int ISPLIT = BT / IR;         // walk chunks per metadata chunk
 constexpr int IREF = IR / 2 - 1;        // reference row of the Aqk / Akk factors
+constexpr int IH = IR / 2;              // rows of the inverse's diagonal blocks
 constexpr int ITPR = THREADS / IR;      // threads per row in the row layout
 constexpr int IEK = K / ITPR;           // K columns per thread in the row layout
 constexpr int IEV = V / ITPR;           // V columns per thread
@@ -33,7 +34,8 @@ constexpr int IWAVES = THREADS / KDA_WARP;
 static_assert(BT % IR == 0 && THREADS % IR == 0 && K % ITPR == 0 && V % ITPR == 0, "row layout");
 static_assert(IEK % 4 == 0 && IEV % 4 == 0 && IEK <= 16 && IEV <= 16, "row layout: 8-byte runs at least");
 static_assert(KDA_WARP % ITPR == 0, "a row's threads share one wave (the norms' shuffles)");
-static_assert(K <= THREADS, "scan layout: one thread per column");
+constexpr int ISCAN = THREADS / K;      // threads per column in the cumulative sum (adjacent lanes)
+static_assert(THREADS % K == 0 && IR % ISCAN == 0 && KDA_WARP % ISCAN == 0, "scan layout");
 static_assert(IWAVES >= 3, "Aqk and Akk run on two waves while the others load v");
 static_assert(V % 8 == 0, "v moves in runs of 8");
 static_assert(IR * IR <= THREADS, "FMA fallback: one thread per Aqk / Akk entry");
@@ -77,6 +79,7 @@ struct alignas(16) IntraSmem {
   alignas(16) kda_bf16 TB[IR][ILT];
   alignas(16) kda_bf16 AQ[IR][IR];
   alignas(16) float A[IR][ILA];
+  alignas(16) float TF[IR][ILA];  // T in fp32 while it is formed
   float beta[IR];
 };
 
@@ -100,13 +103,15 @@ __device__ __forceinline__ void intra_load(IntraRun<N>& out, const kda_bf16* p, 
   }
 }
 template <int N>
+struct alignas(N >= 8 ? 16 : 2 * N) IntraWords { uint32_t w[N / 2]; };
+template <int N>
 __device__ __forceinline__ void intra_store(kda_bf16* p, const float* x) {  // p 2N-byte aligned (LDS or global)
 #pragma unroll
   for (int i = 0; i < N; i += IRUN<N>) {
-    IntraRun<IRUN<N>> r;
+    IntraWords<IRUN<N>> r;
 #pragma unroll
-    for (int e = 0; e < IRUN<N>; ++e) r.x[e] = kda_f32_to_bf16(x[i + e]);
-    *reinterpret_cast<IntraRun<IRUN<N>>*>(p + i) = r;
+    for (int e = 0; e < IRUN<N> / 2; ++e) r.w[e] = kda_f32x2_to_bf16x2(x[i + 2 * e], x[i + 2 * e + 1]);
+    *reinterpret_cast<IntraWords<IRUN<N>>*>(p + i) = r;
   }
 }
 template <int N>
@@ -130,17 +135,20 @@ __device__ __forceinline__ bool intra_aligned(const void* p, int64_t s1, int64_t
   return ((uintptr_t)p % 16 == 0) && (s1 % run == 0) && (s2 % run == 0);
 }
 
-// T = (I + A)^-1 by fp32 forward substitution, column j on lane j < IR (N = T - I: N[i][j] = -A[i][j] -
-// sum_m A[i][m] N[m][j]); lanes j < width also zero T's padding columns.
-__device__ __forceinline__ void intra_inverse(IntraSmem& s, int lane, int width) {
+// T = (I + A)^-1 in fp32, A strictly lower, exact: the two IH-row diagonal blocks by forward substitution at once
+// (lane j < IR solves column j % IH of block j / IH: N = T - I, N[i][j] = -A[i][j] - sum_m A[i][m] N[m][j]), then
+// the off-diagonal block T21 = -T22 (A21 T11); half the dependent steps of one 16-row substitution. Lanes < 32 of
+// the calling wave work, in TF (fp32; T12 = 0 is never stored, its place holds A21 T11 meanwhile); the wave
+// syncs between the steps, so every lane of it must call. Ends with TB = bf16(T), padding columns zero.
+__device__ __forceinline__ void intra_inverse(IntraSmem& s, int lane) {
   if (lane < IR) {
-    const int j = lane;
-    float n[IR];
+    const int o = (lane / IH) * IH, j = lane % IH;
+    float n[IH];
 #pragma unroll
-    for (int i = 0; i < IR; ++i) {
-      float a[IR];  // row i of A: the same address on every lane (broadcast), four 16-byte reads
-      intra_ld_f<IR>(a, &s.A[i][0]);
-      float x0 = -s.A[i][j], x1 = 0.f;  // two chains: half the dependent FMAs
+    for (int i = 0; i < IH; ++i) {
+      float a[IH];  // row o + i of the block: one address per half of the lanes, 16-byte reads
+      intra_ld_f<IH>(a, &s.A[o + i][o]);
+      float x0 = -s.A[o + i][o + j], x1 = 0.f;  // two chains
 #pragma unroll
       for (int m = 0; m < i; m += 2) {
         x0 -= a[m] * n[m];
@@ -149,9 +157,38 @@ __device__ __forceinline__ void intra_inverse(IntraSmem& s, int lane, int width)
       n[i] = x0 + x1;
     }
 #pragma unroll
-    for (int i = 0; i < IR; ++i) s.TB[i][j] = kda_f32_to_bf16(n[i] + (i == j ? 1.f : 0.f));
+    for (int i = 0; i < IH; ++i) s.TF[o + i][o + j] = n[i] + (i == j ? 1.f : 0.f);
   }
-  for (int i = lane; i < IR * (ILT - IR); i += width) s.TB[i / (ILT - IR)][IR + i % (ILT - IR)] = 0;
+  kda_wave_sync();
+  if (lane < 32) {  // X = A21 T11 into TF's upper-right block
+#pragma unroll
+    for (int e = lane; e < IH * IH; e += 32) {
+      const int i = e / IH, j = e % IH;
+      float x = 0.f;
+#pragma unroll
+      for (int m = 0; m < IH; ++m) x += s.A[IH + i][m] * s.TF[m][j];
+      s.TF[i][IH + j] = x;
+    }
+  }
+  kda_wave_sync();
+  if (lane < 32) {  // T21 = -T22 X
+#pragma unroll
+    for (int e = lane; e < IH * IH; e += 32) {
+      const int i = e / IH, j = e % IH;
+      float x = 0.f;
+#pragma unroll
+      for (int m = 0; m < IH; ++m) x -= s.TF[IH + i][IH + m] * s.TF[m][IH + j];
+      s.TF[IH + i][j] = x;
+    }
+  }
+  kda_wave_sync();
+  if (lane < 32) {
+#pragma unroll
+    for (int e = lane; e < IR * ILT; e += 32) {
+      const int i = e / ILT, j = e % ILT;
+      s.TB[i][j] = j >= IR || (i < IH && j >= IH) ? (kda_bf16)0 : kda_f32_to_bf16(s.TF[i][j]);
+    }
+  }
 }
 
 // aqk rows (< L) to global memory, 16 bytes per thread: threads `lane` < 2 IR.
@@ -223,14 +260,25 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
 #endif
   __syncthreads();
 
-  // ---- 2: cumulative sum of each column over the 16 rows (one thread per column, conflict-free) ------
-  if (tid < K) {
-    float acc = 0.f;
+  // ---- 2: cumulative sum of each column over the 16 rows: ISCAN adjacent lanes per column, IR / ISCAN rows
+  // each, their offsets by a butterfly over those lanes ------------------------------------------------
+  {
+    const int c = tid / ISCAN, part = tid % ISCAN, r0 = part * (IR / ISCAN);
+    float x[IR / ISCAN], tot = 0.f;
 #pragma unroll
-    for (int i = 0; i < IR; ++i) {
-      acc += s.r1.G[i][tid];
-      s.r1.G[i][tid] = acc;
+    for (int i = 0; i < IR / ISCAN; ++i) {
+      tot += s.r1.G[r0 + i][c];
+      x[i] = tot;
     }
+    float pre = 0.f;
+#pragma unroll
+    for (int d = 1; d < ISCAN; d <<= 1) {
+      const float other = kda_shfl_xor(tot, d);
+      if (part & d) pre += other;
+      tot += other;
+    }
+#pragma unroll
+    for (int i = 0; i < IR / ISCAN; ++i) s.r1.G[r0 + i][c] = x[i] + pre;
   }
   __syncthreads();
 
@@ -293,16 +341,23 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
     const int wave = tid / KDA_WARP, lane = tid % KDA_WARP;
     if (wave < 2) {
       const kda_bf16* A = wave == 0 ? &s.r2.op.QU[0][0] : &s.r2.op.KU[0][0];
-      kda_frag_c c;
+      kda_frag_c c, c1;  // two accumulators: two independent chains of matrix instructions
       kda_frag_zero(c);
+      kda_frag_zero(c1);
+      static_assert(K % (2 * KDA_MMA_K) == 0, "Aqk / Akk reduction in pairs of steps");
 #pragma unroll
-      for (int kk = 0; kk < K; kk += KDA_MMA_K) {
-        kda_frag_a a;
-        kda_frag_b b;
+      for (int kk = 0; kk < K; kk += 2 * KDA_MMA_K) {
+        kda_frag_a a, a1;
+        kda_frag_b b, b1;
         kda_load_a<ILK, 1>(a, A + kk);
         kda_load_b<1, ILK>(b, &s.r2.op.KD[0][0] + kk);  // B[k][n] = KD[n][kk + k]
+        kda_load_a<ILK, 1>(a1, A + kk + KDA_MMA_K);
+        kda_load_b<1, ILK>(b1, &s.r2.op.KD[0][0] + kk + KDA_MMA_K);
         kda_mma16(c, a, b);
+        kda_mma16(c1, a1, b1);
       }
+#pragma unroll
+      for (int e = 0; e < KDA_C_ELEMS; ++e) c.x[e] += c1.x[e];
       // Entries above the diagonal may overflow; a select discards them, nothing multiplies them.
 #pragma unroll
       for (int e = 0; e < KDA_C_ELEMS; ++e) {
@@ -312,7 +367,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
       }
       kda_wave_sync();
       if (wave == 0) intra_aqk_out(s, p, t0, L, h, lane);
-      else intra_inverse(s, lane, KDA_WARP);
+      else intra_inverse(s, lane);
     } else {
       intra_beta_v(s, p, t0, L, h, tid - 2 * KDA_WARP, THREADS - 2 * KDA_WARP);
     }
@@ -334,7 +389,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
   }
   __syncthreads();
   intra_aqk_out(s, p, t0, L, h, tid);
-  intra_inverse(s, tid, THREADS);
+  intra_inverse(s, tid);  // (its wave syncs: each wave of the block calls them)
 #endif
   __syncthreads();
 
@@ -357,12 +412,16 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
         else kda_load_b<ILV, 1>(b, &s.r1.VB[kk][n0]);
         kda_mma16(c, a, b);
       }
+      kda_bf16* dst = is_w ? &s.r2.out.W[0][n0] : &s.r2.out.U[0][n0];
+      const int ld = is_w ? ILK : ILV;
+#if KDA_C_PAIRED
 #pragma unroll
-      for (int e = 0; e < KDA_C_ELEMS; ++e) {
-        const kda_bf16 x = kda_f32_to_bf16(c.x[e]);
-        if (is_w) s.r2.out.W[kda_c_row(e)][n0 + kda_c_col(e)] = x;
-        else s.r2.out.U[kda_c_row(e)][n0 + kda_c_col(e)] = x;
-      }
+      for (int e = 0; e < KDA_C_ELEMS; e += 2)  // (row, col) and (row, col + 1), col even: one 32-bit store
+        *reinterpret_cast<uint32_t*>(dst + kda_c_row(e) * ld + kda_c_col(e)) = kda_f32x2_to_bf16x2(c.x[e], c.x[e + 1]);
+#else
+#pragma unroll
+      for (int e = 0; e < KDA_C_ELEMS; ++e) dst[kda_c_row(e) * ld + kda_c_col(e)] = kda_f32_to_bf16(c.x[e]);
+#endif
     }
   }
 #else

@@ -127,6 +127,13 @@ __device__ __forceinline__ int kda_c_col(int) { return kda_mma_lane() & 15; }
 // row (A) / column (B) and have consecutive k. When k is the contiguous memory direction (SK == 1) the
 // loads below read each run as one aligned vector: the caller keeps p and the other stride multiples of
 // KDA_KRUN elements (16-byte aligned rows, k offsets multiples of KDA_MMA_K).
+// KDA_C_PAIRED: accumulator elements 2j and 2j + 1 share a row and have consecutive columns (a pair of bf16
+// can then be stored as one 32-bit word).
+#if KDA_MMA_LAYER == KDA_LAYER_SM90_MMA
+#define KDA_C_PAIRED 1
+#else
+#define KDA_C_PAIRED 0
+#endif
 #if KDA_MMA_LAYER == KDA_LAYER_SM90_MMA
 #define KDA_KRUN 2
 #else

@@ -132,6 +132,16 @@ __device__ __forceinline__ kda_bf16 kda_f32_to_bf16(float f) {
   return (kda_bf16)(u >> 16);
 #endif
 }
+// Two floats as one bf16 pair (lo in the low half): one instruction where the target converts pairs.
+__device__ __forceinline__ uint32_t kda_f32x2_to_bf16x2(float lo, float hi) {
+#if defined(KDA_HW_BF16)
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return (uint32_t)kda_f32_to_bf16(lo) | ((uint32_t)kda_f32_to_bf16(hi) << 16);
+#endif
+}
 __device__ __forceinline__ float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 __device__ __forceinline__ float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }
 

@@ -66,6 +66,9 @@ inline kda_bf16 kda_f32_to_bf16(float f) {
   return (kda_bf16)(u >> 16);
 }
 inline float kda_fast_div(float a, float b) { return a / b; }
+inline uint32_t kda_f32x2_to_bf16x2(float lo, float hi) {
+  return (uint32_t)kda_f32_to_bf16(lo) | ((uint32_t)kda_f32_to_bf16(hi) << 16);
+}
 inline float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 inline float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }
 

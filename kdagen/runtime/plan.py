@@ -19,10 +19,12 @@ Note [Fused plans]
     kda_intra, then the Triton walk on the same workspace: the Triton program with its first launch replaced,
     so state routing, checkpoints, group counts and graph capture are the Triton path's. That needs the gate
     and norm kda_intra needs (triton_path.intra_fits) and a Triton variant of the same head dims; otherwise the
-    fused path's own two kernels (kda_prologue.h, kda_recurrence.h) run, as they did before. The walk steps over
-    16 rows in every regime (the Triton path alone takes 32 where the walks do not fill the GPU). On the H200 the
-    HIP kernel is 23-24% faster than the Triton kda_intra (docs/perf-notes.md sections 27 and 28). With no
-    `out` the output goes into v, the fused path's contract (fused_output).
+    fused path's own two kernels (kda_prologue.h, kda_recurrence.h) run, as they did before. The HIP kernel
+    takes 16-row walk steps, which pay only where the walks fill at least half the GPU
+    (triton_path.hip_intra_pays; KDAGEN_FUSED_INTRA=always / never overrides): below that the plan runs the
+    Triton program as the Triton path would. On the H200 the HIP kernel is 24% faster than the Triton
+    kda_intra (docs/perf-notes.md sections 27 and 28). With no `out` the output goes into v, the fused path's
+    contract (fused_output).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ import torch
 from . import debug_checks, fused_path
 from .jit_hip import HipLibrary
 from .registry import VariantEntry
-from .triton_path import (HIP_INTRA_ROWS, TritonProgram, chunk_design, intra_fits, launch_tuning,
-                          recurrence_groups, tuning_for, workspace_layout)
+from .triton_path import (HIP_INTRA_ROWS, TritonProgram, chunk_design, hip_intra_pays, intra_fits,
+                          launch_tuning, recurrence_groups, tuning_for, workspace_layout)
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
                        may_overlap, no_overlap)
 from ..targets import refused_config
@@ -77,6 +79,7 @@ class KdaPrefillPlan:
         self.entry, self.target, self.lib = entry, target, lib
         self.path = "fused" if lib is not None else "triton"
         self.program: TritonProgram | None = None
+        self.hip_intra = False  # a fused plan's first launch is the HIP kda_intra_kernel (Note [Fused plans])
         self._data_checks = data_checks
         self._checked_rows: set[tuple[str, int]] = set()
         self._packed_shape = (1, p.B * p.T, p.H)
@@ -104,8 +107,9 @@ class KdaPrefillPlan:
                                         checkpoints=b.checkpoint_offsets is not None)
         # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.
         lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device, design)
-        if lib is not None:
-            lt = {**lt, "intra_rows": HIP_INTRA_ROWS}  # the HIP kernel's walk chunk, in every regime
+        self.hip_intra = hip = lib is not None and hip_intra_pays(p.N * p.H, b.device)
+        if hip:
+            lt = {**lt, "intra_rows": HIP_INTRA_ROWS}  # the HIP kernel's walk chunk
         self.launch_tuning = lt
         if (why := refused_config(target, lt)) is not None:
             raise ValueError(f"{OP}: tuning {lt} (its dense_* knobs: the walks fill the GPU) refused on {target}: "
@@ -125,7 +129,7 @@ class KdaPrefillPlan:
             state_out=2 if self._paged else int(b.output_final_state), state_indices=b.state_indices,
             has_initial_state=b.has_initial_state, device=b.device, checkpoint_offsets=b.checkpoint_offsets,
             checkpoint_state_indices=b.checkpoint_state_indices, design=design,
-            hip_intra=None if lib is None else lambda ws: fused_path.HipIntraLaunch(
+            hip_intra=None if not hip else lambda ws: fused_path.HipIntraLaunch(
                 lib, ws, cu_seqlens=cu, chunk_indices=ci, lower_bound=b.lower_bound, has_bias=b.has_g_bias, H=p.H))
 
     # ------------------------------------------------------------------------------------------- run

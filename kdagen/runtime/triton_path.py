@@ -49,6 +49,7 @@ INTRA_CHUNK = 32
 # The walk chunk of the HIP kda_intra_kernel (templates/hip/include/kda_intra.h), which the fused path's plans
 # launch in place of the Triton kda_intra.
 HIP_INTRA_ROWS = 16
+FUSED_INTRA_ENV = "KDAGEN_FUSED_INTRA"
 
 
 def diag_ref(lower_bound: float | None) -> int:
@@ -116,6 +117,23 @@ def launch_tuning(mod: ModuleType, tun: Mapping[str, int], n_walks: int, groups:
     if design == "intra" and groups == 1 and sms is not None and fill >= sms:
         return dense
     return dict(tun)
+
+
+def hip_intra_pays(n_walks: int, device: torch.device) -> bool:
+    """Whether a fused plan launches the HIP kda_intra_kernel, its walk then on 16-row steps (Note [Fused plans],
+    plan.py), rather than the Triton program the Triton path would run.
+
+    On the H200 it pays wherever the (sequence, head) walks fill at least half the SMs: 0.85-0.94x the Triton
+    path's time at N x H >= 96, 1.01-1.09x at N x H = 12 or 32 on one sequence, where the walk's doubled steps
+    cost more than the kernel saves (docs/perf-notes.md section 28). KDAGEN_FUSED_INTRA=always / never
+    overrides the rule (tests, A/B runs); without an SM count (no GPU), always."""
+    raw = os.environ.get(FUSED_INTRA_ENV, "").strip() or "auto"
+    if raw not in ("auto", "always", "never"):
+        raise ValueError(f"{FUSED_INTRA_ENV}={raw!r}: expected auto, always or never")
+    if raw != "auto":
+        return raw == "always"
+    sms = device_sms(device)
+    return sms is None or 2 * n_walks >= sms
 
 
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:

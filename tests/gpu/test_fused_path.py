@@ -13,6 +13,7 @@ gate is one kda_intra takes (Note [Fused plans]); run_fused directly runs the fu
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from pathlib import Path
 
@@ -79,6 +80,9 @@ def fused_runs(libs, monkeypatch):
     monkeypatch.setattr(plan_mod.KdaPrefillPlan, "run", run)
     monkeypatch.setattr(fused_path.HipIntraLaunch, "__call__", intra)
     monkeypatch.setattr(fused_path, "run_fused", own_kernels)
+    # Every fused plan here takes the HIP kernel, whatever the walks fill (triton_path.hip_intra_pays): these
+    # are its tests. test_fused_plan_below_half_the_gpu_is_the_triton_program checks the rule itself.
+    monkeypatch.setenv("KDAGEN_FUSED_INTRA", "always")
     return calls
 
 
@@ -89,8 +93,10 @@ def _fused(fused_runs, args, **kw):
     torch.cuda.synchronize()
     ran = fused_runs[before:]
     assert ran[:1] == ["plan"], "use_fused_chunk=True did not run the fused path"
-    # Note [Fused plans]: kda_intra's gate takes the HIP kernel when there is a chunk to compute.
-    if intra_fits(args["lower_bound"], True) is None and int(args["cu_seqlens"][-1]) > 0:
+    # Note [Fused plans]: kda_intra's gate takes the HIP kernel when there is a chunk to compute (and the
+    # fixture's KDAGEN_FUSED_INTRA=always holds).
+    if (intra_fits(args["lower_bound"], True) is None and int(args["cu_seqlens"][-1]) > 0
+            and os.environ.get("KDAGEN_FUSED_INTRA") == "always"):
         assert "hip_intra" in ran, "the fused plan did not launch kda_intra_kernel"
     return o, s
 
@@ -167,6 +173,21 @@ def test_a_bound_kda_intra_cannot_take_runs_the_fused_kernels(fused_runs):
     assert fused_runs[before:] == ["plan", "run_fused"]
     check("fused output (own kernels)", o, ref_o, OUT)
     check("fused final state (own kernels)", s, ref_s, STATE)
+
+
+def test_fused_plan_below_half_the_gpu_is_the_triton_program(fused_runs, monkeypatch):
+    """KDAGEN_FUSED_INTRA=auto: 12 heads on one sequence fill less than half the SMs, so the fused plan is the
+    Triton program at the Triton path's own knobs (bit for bit the Triton path's result); 12 heads on 16
+    sequences take the HIP kernel."""
+    monkeypatch.setenv("KDAGEN_FUSED_INTRA", "auto")
+    one = make_inputs([700], H, 128, 128, BF16, DEV, seed=21)
+    o, s = _fused(fused_runs, one, out=poisoned_out(one["v"]))
+    assert "hip_intra" not in fused_runs
+    to, ts = _triton(one, out=poisoned_out(one["v"]))
+    assert torch.equal(o, to) and torch.equal(s, ts)
+    many = make_inputs([64] * 16, H, 128, 128, BF16, DEV, seed=22)
+    _fused(fused_runs, many, out=poisoned_out(many["v"]))
+    assert "hip_intra" in fused_runs
 
 
 def test_zero_length_sequences_in_a_ragged_batch(fused_runs):

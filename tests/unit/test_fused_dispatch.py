@@ -228,6 +228,30 @@ def test_fused_call_runs_the_hip_intra_kernel_before_the_triton_walk(on_sm90, mo
     assert len(rec.loads) == 1 and len(runs) == 2  # the library is loaded once per process
 
 
+@pytest.mark.parametrize("sms,env,hip", [(None, "", True), (132, "", False), (8, "", True), (132, "always", True),
+                                         (8, "never", False)], ids=lambda x: str(x))
+def test_hip_intra_kernel_where_the_walks_fill_half_the_gpu(on_sm90, monkeypatch, sms, env, hip):
+    """N x H = 4 walks: the HIP kernel on a GPU of at most 8 SMs (or without an SM count), the Triton program
+    as the Triton path would run it on 132; KDAGEN_FUSED_INTRA overrides."""
+    from kdagen.runtime import triton_path
+
+    _fake(monkeypatch)
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: sms)
+    monkeypatch.setenv("KDAGEN_FUSED_INTRA", env)
+    _fake_triton(monkeypatch, programs=(programs := []))
+    kdagen_kernels.chunk_kda_prefill(**_args(), out=torch.empty(1, 12, H, 128, dtype=torch.bfloat16),
+                                     use_fused_chunk=True)
+    (program,) = programs
+    assert isinstance(program.intra, fused_path.HipIntraLaunch) == hip
+
+
+def test_fused_intra_env_must_be_known(on_sm90, monkeypatch):
+    _fake(monkeypatch)
+    monkeypatch.setenv("KDAGEN_FUSED_INTRA", "sometimes")
+    with pytest.raises(ValueError, match="KDAGEN_FUSED_INTRA='sometimes': expected auto, always or never"):
+        kdagen_kernels.chunk_kda_prefill(**_args(), use_fused_chunk=True)
+
+
 def test_fused_call_passes_everything_to_run_fused(on_sm90, monkeypatch):
     rec = _fake(monkeypatch)
     args = _args(lower_bound=OWN_KERNELS)

@@ -2,15 +2,15 @@
 // kda_intra.h: the chunk-parallel half on 16-row walk chunks, one workgroup per (walk chunk, head), its
 // tiles in shared memory (copied verbatim; constants: kda_common.h).
 //
-// The Triton kernel kda_intra at intra_rows 16 computes the same workspace (docs/design.md section 1.5,
-// docs/perf-notes.md section 26 for this kernel's design and byte count). A walk chunk is the ISPLIT-th part
-// of a metadata chunk of BT rows. For the bounded gate and L2-normed q, k only (the plan's rule): factors
-// relative to row IREF span at most 8 rows of decay, within bf16's range, and |q|, |k| <= 1.
+// The Triton kernel kda_intra at intra_rows 16 computes the same workspace (docs/design.md sections 1.5 and
+// 3.3a; docs/perf-notes.md sections 26 and 27: the design, its byte count and the measurements). A walk chunk
+// is the ISPLIT-th part of a metadata chunk of BT rows. For the bounded gate and L2-normed q, k only (the plan's
+// rule): factors relative to row IREF span at most 8 rows of decay, within bf16's range, and |q|, |k| <= 1.
 //
 // Phases (one barrier after each): 1 the gate per element, row layout (ITPR threads per row, IEK columns
 // each, 16-byte loads); 2 its cumulative sum over the 16 rows, ISCAN lanes per column; 3 norms, beta and every
 // exp2 factor in the row layout: qg, kg and the decay row go out, the operand tiles into LDS; 4 Aqk on one
-// wave (aqk out), Akk and then (I + A)^-1 by forward substitution on another, beta v into LDS on the rest;
+// wave (aqk out), Akk and then (I + A)^-1 (blocked forward substitution) on another, beta v into LDS on the rest;
 // 5 w = T (beta k exp2(G)) and u = T (beta v) on the matrix layer, staged in LDS; 6 w and u out in 16-byte
 // runs.
 #pragma once
@@ -64,8 +64,8 @@ struct IntraArgs {
   float scale, lower_bound;
 };
 
-// Buffers alias by phase: r1 holds the gate (1-3), then beta v (5-6); r2 the Aqk / Akk operands (3-4), then
-// the w / u rows on their way out (6-7).
+// Buffers alias by phase: r1 holds the gate (1-3), then beta v (4-5); r2 the Aqk / Akk operands (3-4), then
+// the w / u rows on their way out (5-6).
 struct alignas(16) IntraSmem {
   union alignas(16) {
     float G[IR][K];

@@ -66,3 +66,26 @@ def _fresh_plan_cache():
     yield
     if dispatch is not None:
         dispatch.clear_plans()
+
+
+@pytest.fixture(scope="session")
+def libs():
+    """For the fused path's GPU tests (tests/gpu/test_fused_path.py, test_fused_intra.py): its two libraries for
+    this GPU's target, (K, V) -> HipLibrary, built (or taken from the cache) once per session; skips without
+    CUDA, without a hip variant for the target, or without its compiler."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    import kdagen_kernels
+    from kdagen.runtime import fused_path, jit_hip
+    from kdagen.runtime.device import target_of
+
+    target = target_of(torch.device("cuda", torch.cuda.current_device()))
+    if not any(e.backend == "hip" and target in e.targets for e in kdagen_kernels.VARIANTS):
+        pytest.skip(f"no generated hip variant declares this device's target {target}")
+    pkg = Path(kdagen_kernels.__file__).resolve().parent
+    try:
+        return {(K, V): fused_path.load_fused(pkg, K, V, target) for K, V in ((128, 128), (128, 256))}
+    except jit_hip.CompilerNotFoundError as exc:
+        pytest.skip(f"no compiler for the fused path: {exc}")

@@ -73,7 +73,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr() if t is not None else None
 
 
-INTRA_ROWS = 16  # kda_intra_kernel's walk chunk (templates/hip/include/kda_intra.h IR)
+# kda_intra_kernel's walk chunk (templates/hip/include/kda_intra.h IR): fused plans step their Triton walk over it.
+INTRA_ROWS = 16
 
 
 def intra_workspace(T: int, H: int, K: int, V: int, n_chunks: int, device) -> dict[str, torch.Tensor]:

@@ -39,8 +39,8 @@ import torch
 from . import debug_checks, fused_path
 from .jit_hip import HipLibrary
 from .registry import VariantEntry
-from .triton_path import (HIP_INTRA_ROWS, TritonProgram, chunk_design, hip_intra_pays, intra_fits,
-                          launch_tuning, recurrence_groups, tuning_for, workspace_layout)
+from .triton_path import (TritonProgram, chunk_design, hip_intra_pays, intra_fits, launch_tuning, recurrence_groups,
+                          tuning_for, workspace_layout)
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
                        may_overlap, no_overlap)
 from ..targets import refused_config
@@ -79,7 +79,6 @@ class KdaPrefillPlan:
         self.entry, self.target, self.lib = entry, target, lib
         self.path = "fused" if lib is not None else "triton"
         self.program: TritonProgram | None = None
-        self.hip_intra = False  # a fused plan's first launch is the HIP kda_intra_kernel (Note [Fused plans])
         self._data_checks = data_checks
         self._checked_rows: set[tuple[str, int]] = set()
         self._packed_shape = (1, p.B * p.T, p.H)
@@ -107,9 +106,9 @@ class KdaPrefillPlan:
                                         checkpoints=b.checkpoint_offsets is not None)
         # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.
         lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device, design)
-        self.hip_intra = hip = lib is not None and hip_intra_pays(p.N * p.H, b.device)
+        hip = lib is not None and hip_intra_pays(p.N * p.H, b.device)
         if hip:
-            lt = {**lt, "intra_rows": HIP_INTRA_ROWS}  # the HIP kernel's walk chunk
+            lt = {**lt, "intra_rows": fused_path.INTRA_ROWS}  # the HIP kernel's walk chunk
         self.launch_tuning = lt
         if (why := refused_config(target, lt)) is not None:
             raise ValueError(f"{OP}: tuning {lt} (its dense_* knobs: the walks fill the GPU) refused on {target}: "

@@ -15,6 +15,7 @@ from ..kernels.kda import KDA_GROUP_SCAN, KDA_INTRA, KDA_PROLOGUE, KDA_RECURRENC
 from ..launch_knobs import dense_tuning
 from ..targets import TARGETS, vendor_of
 from .device import INTERPRETER, interpreting, jit_launch_forced
+from .fused_path import INTRA_ROWS
 from .group_scan import check_groups, choose_groups, device_sms, env_groups
 from .launch import KernelLaunch, spec_key
 from .workspace import WorkspaceLayout
@@ -46,9 +47,6 @@ MIDPOINT_DIAG_MIN_LOWER_BOUND = -10.0
 DESIGNS = ("intra", "pair")
 DESIGN_ENV = "KDAGEN_TRITON_DESIGN"
 INTRA_CHUNK = 32
-# The walk chunk of the HIP kda_intra_kernel (templates/hip/include/kda_intra.h), which the fused path's plans
-# launch in place of the Triton kda_intra.
-HIP_INTRA_ROWS = 16
 FUSED_INTRA_ENV = "KDAGEN_FUSED_INTRA"
 
 
@@ -244,8 +242,8 @@ class TritonProgram:
         self.intra: KernelLaunch | None = None
         if n_chunks > 0 and H > 0 and design == "intra" and hip_intra is not None:
             # The fused path's plans: the HIP kda_intra_kernel writes the same workspace (16-row walk chunks).
-            if mod.CHUNK_SIZE // split != HIP_INTRA_ROWS:
-                raise ValueError(f"{OP}: the HIP kda_intra_kernel takes {HIP_INTRA_ROWS}-row walk chunks, this plan "
+            if mod.CHUNK_SIZE // split != INTRA_ROWS:
+                raise ValueError(f"{OP}: the HIP kda_intra_kernel takes {INTRA_ROWS}-row walk chunks, this plan "
                                  f"{mod.CHUNK_SIZE // split}")
             self.intra = hip_intra(dict(ws))
         elif n_chunks > 0 and H > 0 and design == "intra":

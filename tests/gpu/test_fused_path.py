@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ if not torch.cuda.is_available():
 
 import kdagen_kernels
 from kdagen.reference import chunk_kda_prefill_reference, rel_l2
-from kdagen.runtime import dispatch, fused_path, jit_hip
+from kdagen.runtime import dispatch, fused_path
 from kdagen.runtime import plan as plan_mod
 from kdagen.runtime.triton_path import intra_fits
 from kdagen.runtime.device import target_of
@@ -36,7 +35,6 @@ DEV = "cuda"
 BF16 = torch.bfloat16
 NAN = float("nan")
 H = 12
-PKG = Path(kdagen_kernels.__file__).resolve().parent
 TARGET = target_of(torch.device("cuda", torch.cuda.current_device()))
 TOKEN_ARGS = ("q", "k", "v", "raw_g", "raw_beta")
 OUT, STATE, ADVERSARIAL = (("fused-gpu", "bf16", q) for q in ("output", "final_state", "adversarial"))
@@ -45,15 +43,6 @@ HAS_GROUPS = "groups" in inspect.signature(fused_path.run_fused).parameters
 
 if not any(e.backend == "hip" and TARGET in e.targets for e in kdagen_kernels.VARIANTS):
     pytest.skip(f"no generated hip variant declares this device's target {TARGET}", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def libs():
-    """The two fused libraries, built (or taken from the cache) once; skip without the compiler."""
-    try:
-        return {(K, V): fused_path.load_fused(PKG, K, V, TARGET) for K, V in ((128, 128), (128, 256))}
-    except jit_hip.CompilerNotFoundError as exc:
-        pytest.skip(f"no compiler for the fused path: {exc}")
 
 
 @pytest.fixture(autouse=True)

@@ -33,6 +33,7 @@ class KernelResources:
     mfma_insns: frozenset[str]  # the distinct v_mfma mnemonics among them
     lds_reads: int  # ds_read* / ds_load* instructions in the body (static count)
     insns: int
+    workgroup: int = 0  # the launch bound's workgroup size (metadata max_flat_workgroup_size), 0 if absent
 
     @property
     def spills(self) -> int:
@@ -40,7 +41,7 @@ class KernelResources:
 
 
 _META = ("group_segment_fixed_size", "private_segment_fixed_size", "vgpr_count", "agpr_count", "sgpr_count",
-         "vgpr_spill_count", "sgpr_spill_count")
+         "vgpr_spill_count", "sgpr_spill_count", "max_flat_workgroup_size")
 
 
 def _segments(asm: str, names: list[str]) -> dict[str, str]:
@@ -84,7 +85,8 @@ def read_kernels(asm: str) -> dict[str, KernelResources]:
             llvm_occupancy=int(occ[1]) if occ else None,
             mfma=len(mfma), mfma_insns=frozenset(mfma),
             lds_reads=len(re.findall(r"^\s+ds_(?:read|load)\w*", body, re.M)),
-            insns=sum(1 for line in body.splitlines() if re.match(r"\s+[a-z][a-z0-9_]*(\s|$)", line)))
+            insns=sum(1 for line in body.splitlines() if re.match(r"\s+[a-z][a-z0-9_]*(\s|$)", line)),
+            workgroup=f.get("max_flat_workgroup_size", 0))
     return out
 
 

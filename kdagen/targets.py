@@ -124,7 +124,7 @@ HIP_CHUNK_SIZE = 64
 HIP_COLUMN_TILE = 32
 HIP_FMA_V_SLICE = 16
 HIP_THREADS = 256
-HIP_ABI = 3  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
+HIP_ABI = 4  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
 
 # dtype name -> (bytes per element, torch dtype attribute, triton dtype attribute)
 DTYPES: dict[str, tuple[int, str, str]] = {

@@ -45,7 +45,7 @@ def main() -> None:
     mod = entry.load()
     tun = dense_tuning(dict(mod.TUNING[target]))
     lib = fused_path.load_fused(PKG, 128, 128, target)
-    print(f"kda_intra_kernel smem per block (prologue, recurrence, intra): {lib.smem_bytes()}; Triton knobs {tun}")
+    print(f"kda_intra_kernel smem per block (prologue, recurrence, intra, walk): {lib.smem_bytes()}; Triton knobs {tun}")
     try:
         import flash_kda
     except ImportError:

@@ -59,8 +59,25 @@ KDA_RECURRENCE_LAUNCH = KernelABI("kda_recurrence_launch", (
     STREAM,
 ))
 
+KDA_WALK_LAUNCH = KernelABI("kda_walk_launch", (
+    ptr("qg", "io"), ptr("w", "io"), ptr("kg", "io"), ptr("u", "io"), ptr("aqk", "io", doc="[T, H, 16]"),
+    ptr("decay", "fp32", doc="[num_chunks * chunk / 16, H, K]"),
+    ptr("out", "io", writes=True), i64("so_t"), i64("so_h"),
+    ptr("cu_seqlens", "i32"), ptr("chunk_offsets", "i64", doc="metadata chunks before each sequence"),
+    ptr("h0", "fp32", doc="initial state: dense [N, H, V, K] or the paged cache, or null"), i64("sh0_n"), i64("sh0_h"),
+    i32("state_in", "0 zeros, 1 dense h0[n], 2 paged h0[state_idx[n]] when has_init[n]"),
+    ptr("ht", "fp32", writes=True, doc="final state: dense or the paged cache (may be h0), or null"),
+    i64("sht_n"), i64("sht_h"), i32("state_out", "0 none, 1 dense ht[n], 2 paged ht[state_idx[n]]"),
+    ptr("state_idx", "i32"), i64("n_slots"), ptr("has_init", "u8"),
+    ptr("ckpt", "fp32", writes=True, doc="checkpoint rows [n_ckpt_rows, H, V, K], or null"),
+    i64("sck_n"), i64("n_ckpt_rows"), ptr("ckpt_off", "i32"),
+    ptr("ckpt_idx", "i32", doc="null: row = sequence index"),
+    i64("num_seqs"), i32("H"), f32("scale"),
+    STREAM,
+))
+
 LAUNCHERS: dict[str, KernelABI] = {k.name: k for k in (KDA_PROLOGUE_LAUNCH, KDA_INTRA_LAUNCH,
-                                                         KDA_RECURRENCE_LAUNCH)}
+                                                         KDA_RECURRENCE_LAUNCH, KDA_WALK_LAUNCH)}
 
 # Launcher parameters that are not fields of the kernel's argument struct (kda::PrologueArgs,
 # kda::RecurrenceArgs, include/kda_*.h): the launch sequence (include/kda_launch.h) takes them itself.
@@ -68,6 +85,7 @@ LAUNCH_ONLY: dict[str, tuple[str, ...]] = {
     "kda_prologue_launch": ("num_chunks", "stream"),
     "kda_intra_launch": ("num_chunks", "stream"),
     "kda_recurrence_launch": ("group_ws", "stream"),
+    "kda_walk_launch": ("stream",),
 }
 
 # The parameterless extern "C" queries of every library, with their ctypes return types.
@@ -75,7 +93,8 @@ QUERIES: dict[str, type] = {
     "kda_abi_version": ctypes.c_int, "kda_target": ctypes.c_char_p, "kda_head_dim_k": ctypes.c_int,
     "kda_head_dim_v": ctypes.c_int, "kda_chunk_size": ctypes.c_int, "kda_v_slice": ctypes.c_int,
     "kda_prologue_smem_bytes": ctypes.c_int, "kda_recurrence_smem_bytes": ctypes.c_int,
-    "kda_intra_smem_bytes": ctypes.c_int,
+    "kda_intra_smem_bytes": ctypes.c_int, "kda_walk_smem_bytes": ctypes.c_int,
+    "kda_walk_threads": ctypes.c_int,
     "kda_recurrence_blocks_per_sm": ctypes.c_int,
 }
 

@@ -156,6 +156,53 @@ class HipIntraLaunch:
             sb_h=raw_beta.stride(2), scale=float(scale), stream=torch.cuda.current_stream(q.device).cuda_stream))
 
 
+# The run values HipWalkLaunch reads, a slice of triton_path.RUN_ORDER (which checks it): the output, the states
+# and the checkpoint rows, then `scale` at index 7.
+WALK_VALUES = slice(18, 31)
+WALK_VALUE_NAMES = ("o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots", "ckpt", "sck_n",
+                    "n_ckpt_rows")
+
+
+class HipWalkLaunch:
+    """kda_walk_kernel as the walk of a Triton program (triton_path.TritonProgram's `walks`, one group): called with
+    the program's run values (triton_path.RUN_ORDER), it walks the workspace views `ws` that kda_intra_kernel
+    wrote and writes the output, the final state or the cache rows, and the checkpoints, as the Triton walk at
+    PASS 0 would. The metadata, the state routing and the checkpoint request are converted to the kernel's dtypes
+    when the plan is made; a call only reads the per-layer tensors' pointers and strides, so graphs capture it."""
+
+    __slots__ = ("lib", "_keep", "_static", "state_in", "state_out")
+
+    def __init__(self, lib: HipLibrary, ws: dict[str, torch.Tensor], *, state_in: int, state_out: int,
+                 cu_seqlens: torch.Tensor, chunk_offsets: torch.Tensor, H: int, N: int,
+                 state_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
+                 checkpoint_offsets: torch.Tensor | None, checkpoint_state_indices: torch.Tensor | None):
+        cu = _i32(cu_seqlens)
+        co = chunk_offsets if chunk_offsets.dtype == torch.int64 and chunk_offsets.is_contiguous() \
+            else chunk_offsets.to(torch.int64).contiguous()
+        idx = _i32(state_indices.reshape(-1)) if state_indices is not None else None
+        flags = has_initial_state.reshape(-1).to(torch.bool).contiguous().view(torch.uint8) \
+            if has_initial_state is not None else None
+        ck_off = _i32(checkpoint_offsets.reshape(-1)) if checkpoint_offsets is not None else None
+        ck_idx = _i32(checkpoint_state_indices.reshape(-1)) if checkpoint_state_indices is not None else None
+        _req((state_in != 2 and state_out != 2) or (idx is not None and flags is not None),
+             "a paged state needs state_indices and has_initial_state")
+        self.lib, self.state_in, self.state_out = lib, state_in, state_out
+        self._keep = (cu, co, idx, flags, ck_off, ck_idx, ws)
+        self._static = dict(**{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
+                            cu_seqlens=cu.data_ptr(), chunk_offsets=co.data_ptr(), state_in=state_in,
+                            state_out=state_out, state_idx=_ptr(idx), has_init=_ptr(flags), ckpt_off=_ptr(ck_off),
+                            ckpt_idx=_ptr(ck_idx), num_seqs=N, H=H)
+
+    def __call__(self, values: list, key: tuple | None = None) -> None:
+        o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows = values[WALK_VALUES]
+        self.lib.walk(dict(
+            self._static, out=o.data_ptr(), so_t=so_t, so_h=so_h,
+            h0=h0.data_ptr() if self.state_in else None, sh0_n=sh0_n, sh0_h=sh0_h,
+            ht=ht.data_ptr() if self.state_out else None, sht_n=sht_n, sht_h=sht_h, n_slots=n_slots,
+            ckpt=_ptr(ckpt), sck_n=sck_n or 0, n_ckpt_rows=n_ckpt_rows or 0, scale=float(values[7]),
+            stream=torch.cuda.current_stream(o.device).cuda_stream))
+
+
 def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor,
               raw_beta: torch.Tensor, A_log: torch.Tensor, g_bias: torch.Tensor | None, scale: float,
               lower_bound: float | None, cu_seqlens: torch.Tensor, chunk_indices: torch.Tensor,

@@ -39,8 +39,9 @@ import torch
 from . import debug_checks, fused_path
 from .jit_hip import HipLibrary
 from .registry import VariantEntry
-from .triton_path import (TritonProgram, chunk_design, hip_intra_pays, intra_fits, launch_tuning, recurrence_groups,
-                          tuning_for, workspace_layout)
+from .group_scan import env_groups
+from .triton_path import (GROUPS_ENV, TritonProgram, chunk_design, hip_intra_pays, hip_walk_runs, intra_fits,
+                          launch_tuning, recurrence_groups, tuning_for, workspace_layout)
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
                        may_overlap, no_overlap)
 from ..targets import refused_config
@@ -102,11 +103,14 @@ class KdaPrefillPlan:
         # The group count's model counts metadata chunks and was fitted on whole-chunk walks; kda_intra's walk
         # takes twice the steps at about half the work each (7-9% slower in all, docs/perf-notes.md section 23).
         # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.
+        hip = lib is not None and hip_intra_pays(p.N * p.H, b.device)
+        hip_walk = hip and hip_walk_runs(lib.walk_threads > 0)
+        if hip_walk and groups is None and env_groups(GROUPS_ENV) is None:
+            groups = 1  # kda_walk_kernel walks each sequence whole (the group split is the Triton walk's)
         self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
                                         checkpoints=b.checkpoint_offsets is not None)
         # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.
         lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device, design)
-        hip = lib is not None and hip_intra_pays(p.N * p.H, b.device)
         if hip:
             lt = {**lt, "intra_rows": fused_path.INTRA_ROWS}  # the HIP kernel's walk chunk
         self.launch_tuning = lt
@@ -121,15 +125,21 @@ class KdaPrefillPlan:
             storage = check_workspace(workspace, layout.nbytes, b.device, OP)
         self.workspace = storage
         state_ins = (2,) if self._paged else (0, 1)
+        state_out = 2 if self._paged else int(b.output_final_state)
         self.program = TritonProgram(
             mod, target=target, tuning=lt, ws=layout.views(storage), H=p.H, N=p.N, n_chunks=n_chunks,
             groups=self.groups, lower_bound=b.lower_bound, has_bias=b.has_g_bias, use_l2norm=b.use_qk_l2norm,
             cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co, state_ins=state_ins,
-            state_out=2 if self._paged else int(b.output_final_state), state_indices=b.state_indices,
+            state_out=state_out, state_indices=b.state_indices,
             has_initial_state=b.has_initial_state, device=b.device, checkpoint_offsets=b.checkpoint_offsets,
             checkpoint_state_indices=b.checkpoint_state_indices, design=design,
             hip_intra=None if not hip else lambda ws: fused_path.HipIntraLaunch(
-                lib, ws, cu_seqlens=cu, chunk_indices=ci, lower_bound=b.lower_bound, has_bias=b.has_g_bias, H=p.H))
+                lib, ws, cu_seqlens=cu, chunk_indices=ci, lower_bound=b.lower_bound, has_bias=b.has_g_bias, H=p.H),
+            hip_walk=None if not hip_walk else
+            lambda ws, state_in: fused_path.HipWalkLaunch(
+                lib, ws, state_in=state_in, state_out=state_out, cu_seqlens=cu, chunk_offsets=co, H=p.H, N=p.N,
+                state_indices=b.state_indices, has_initial_state=b.has_initial_state,
+                checkpoint_offsets=b.checkpoint_offsets, checkpoint_state_indices=b.checkpoint_state_indices))
 
     # ------------------------------------------------------------------------------------------- run
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,

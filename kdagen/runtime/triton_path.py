@@ -15,7 +15,7 @@ from ..kernels.kda import KDA_GROUP_SCAN, KDA_INTRA, KDA_PROLOGUE, KDA_RECURRENC
 from ..launch_knobs import dense_tuning
 from ..targets import TARGETS, vendor_of
 from .device import INTERPRETER, interpreting, jit_launch_forced
-from .fused_path import INTRA_ROWS
+from .fused_path import INTRA_ROWS, WALK_VALUE_NAMES, WALK_VALUES
 from .group_scan import check_groups, choose_groups, device_sms, env_groups
 from .launch import KernelLaunch, spec_key
 from .workspace import WorkspaceLayout
@@ -48,6 +48,7 @@ DESIGNS = ("intra", "pair")
 DESIGN_ENV = "KDAGEN_TRITON_DESIGN"
 INTRA_CHUNK = 32
 FUSED_INTRA_ENV = "KDAGEN_FUSED_INTRA"
+FUSED_WALK_ENV = "KDAGEN_FUSED_WALK"
 
 
 def diag_ref(lower_bound: float | None) -> int:
@@ -134,6 +135,16 @@ def hip_intra_pays(n_walks: int, device: torch.device) -> bool:
     return sms is None or 2 * n_walks >= sms
 
 
+def hip_walk_runs(lib_has_walk: bool) -> bool:
+    """Whether a fused plan that launches kda_intra_kernel walks with the HIP kda_walk_kernel (one group) rather
+    than the Triton walk: wherever the library has it (not on the FMA fallback), unless KDAGEN_FUSED_WALK=triton
+    (A/B runs)."""
+    raw = os.environ.get(FUSED_WALK_ENV, "").strip() or "hip"
+    if raw not in ("hip", "triton"):
+        raise ValueError(f"{FUSED_WALK_ENV}={raw!r}: expected hip or triton")
+    return lib_has_walk and raw == "hip"
+
+
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
     if target == INTERPRETER:
         return dict(next(iter(mod.TUNING.values())))
@@ -187,6 +198,7 @@ def fp32_dot(target: str) -> str:
 RUN_ORDER = ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t",
              "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n",
              "sht_h", "n_slots", "ckpt", "sck_n", "n_ckpt_rows")
+assert RUN_ORDER[WALK_VALUES] == WALK_VALUE_NAMES and RUN_ORDER[7] == "scale", "fused_path.HipWalkLaunch's values"
 
 
 def workspace_layout(mod: ModuleType, T: int, H: int, n_chunks: int, N: int, groups: int,
@@ -228,7 +240,8 @@ class TritonProgram:
                  state_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
                  device: torch.device, checkpoint_offsets: torch.Tensor | None = None,
                  checkpoint_state_indices: torch.Tensor | None = None, design: str = "pair",
-                 hip_intra: Callable[[dict[str, torch.Tensor]], Callable] | None = None):
+                 hip_intra: Callable[[dict[str, torch.Tensor]], Callable] | None = None,
+                 hip_walk: Callable[[dict[str, torch.Tensor], int], Callable] | None = None):
         tun = tuning
         split = walk_split(design, mod.CHUNK_SIZE, tun["intra_rows"])
         self.groups = groups = check_groups(groups, OP)
@@ -304,6 +317,10 @@ class TritonProgram:
                     static={**walk_static, **ck}, run_order=RUN_ORDER, direct=direct)
 
             for state_in in state_ins:
+                if groups == 1 and hip_walk is not None:
+                    # The fused path's plans: the HIP kda_walk_kernel on the HIP kda_intra_kernel's workspace.
+                    self.walks[state_in] = (hip_walk(dict(ws), state_in),)
+                    continue
                 if groups == 1:
                     self.walks[state_in] = (walk(0, mod.HEAD_DIM_V, 1, block_v, state_in),)
                     continue

@@ -36,6 +36,8 @@ CLANG = os.environ.get("KDAGEN_CLANG") or shutil.which("clang-22")
 NVCC = os.environ.get("KDAGEN_NVCC") or shutil.which("nvcc")
 LAYERS = ["mma", "fma"]  # the target's matrix layer (the rendered default) / -DKDA_MMA_LAYER=0
 AMD_MFMA = {"gfx942": "v_mfma_f32_16x16x16_bf16", "gfx950": "v_mfma_f32_16x16x32_bf16"}
+# The walk's own / other products take the 16x16x16 MFMA on both (kda_mma.h).
+AMD_MFMA_WALK = "v_mfma_f32_16x16x16_bf16"
 PTX_MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 
 
@@ -59,7 +61,12 @@ def _target(src: Path) -> str:
     return src.stem.rsplit("__", 1)[1]
 
 
-KERNELS = ("prologue", "intra", "recurrence", "group_scan")
+KERNELS = ("prologue", "intra", "walk", "recurrence", "group_scan")
+
+
+def _expected(layer: str) -> set[str]:
+    # The FMA fallback has no walk (kda_walk.h: fused plans then take the Triton walk).
+    return set(KERNELS) - ({"walk"} if layer == "fma" else set())
 
 
 def _short(kernel: str) -> str:
@@ -90,13 +97,16 @@ def test_amd_compile(src, layer, tmp_path, capsys):
     for name, k in kernels.items():
         if "group_scan" in name:  # fp32 on purpose: S_in[g] M_g + B_g composes states exactly in fp32
             assert k.mfma == 0, f"{name}: unexpected MFMA"
-        elif layer == "mma":  # the prologue's and kda_intra's Akk/Aqk and w/u, the recurrence's four products
-            assert k.mfma_insns == {want}, f"{name}: {sorted(k.mfma_insns)}, not {want}, on {target}"
+        elif layer == "mma":  # the prologue's and kda_intra's Akk/Aqk and w/u, the walks' products
+            w = AMD_MFMA_WALK if "walk" in name else want
+            assert k.mfma_insns == {w}, f"{name}: {sorted(k.mfma_insns)}, not {w}, on {target}"
         else:
             assert k.mfma == 0, f"{name}: unexpected MFMA with layer {layer}"
-    assert {_short(n) for n in kernels} == set(KERNELS), list(kernels)
+    assert {_short(n) for n in kernels} == _expected(layer), list(kernels)
     t = TARGETS[target]
-    waves = {name: waves_per_simd(k, target, threads=HIP_THREADS) for name, k in kernels.items()}
+    # Each kernel's own workgroup (its launch bound): HIP_THREADS, the walk 64 per 16 state rows.
+    assert all(k.workgroup == HIP_THREADS for n, k in kernels.items() if "walk" not in n)
+    waves = {name: waves_per_simd(k, target, threads=k.workgroup) for name, k in kernels.items()}
     with capsys.disabled():
         for name, k in kernels.items():
             print(f"\n  {src.stem.split('__')[-2]:14s} {_short(name):10s} {target} {layer}: vgpr={k.vgprs} "
@@ -133,7 +143,7 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     # or none does.
     entries = {m[1]: m[2] for m in re.finditer(r"\.entry\s+(\w+)\((.*?)(?=\.entry\s|\Z)", ptx_text, re.S)}
     ptx_per = {name: body.count(PTX_MMA) for name, body in entries.items()}
-    assert {_short(n) for n in ptx_per} == set(KERNELS), list(ptx_per)
+    assert {_short(n) for n in ptx_per} == _expected(layer), list(ptx_per)
     for name, cnt in ptx_per.items():
         want_mma = layer == "mma" and "group_scan" not in name  # the scan is fp32 FMA on every layer
         assert (cnt > 0) == want_mma, f"{name}: {cnt} x {PTX_MMA} in the PTX with layer {layer}"
@@ -162,4 +172,4 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     # Dynamic shared memory on CUDA: the launcher sets the attribute to sizeof(the Smem struct).
     kernels = "".join(h.read_text() for h in sorted((HIP_DIR / "include").glob("*.h")))  # the kernels' headers
     structs = re.findall(r"struct (?:alignas\(\d+\) )?(\w+Smem) \{(.*?)\n\};", kernels, re.S)
-    assert {s for s, _ in structs} == {"PrologueSmem", "IntraSmem", "RecurrenceSmem", "ScanSmem"}
+    assert {s for s, _ in structs} == {"PrologueSmem", "IntraSmem", "WalkSmem", "RecurrenceSmem", "ScanSmem"}

@@ -325,3 +325,91 @@ def test_intra_inverse_on_correlated_keys(emu):
     print("[intra, correlated keys] " + " ".join(f"{n}={e:.3e}" for n, e in errs.items()))
     for n, e in errs.items():
         within(f"kda_intra {n}, correlated keys", e, ("hip-emulated", "bf16", "intra_correlated"))
+
+
+def _walk(lib: HipLibrary, K, V, x, ws, *, h0=None, cache=None, cache_idx=None, has_init=None, ckpt=None,
+          ck_off=None, ck_idx=None, final=True):
+    """kda_walk_launch on kda_intra's workspace `ws`: a NaN-poisoned output and (dense, `final`) final state."""
+    T, H = x["q"].shape[1], x["q"].shape[2]
+    cu = x["cu_seqlens"]
+    N = cu.numel() - 1
+    co = prepare_chunk_offsets(cu, 64).to(torch.int64).contiguous()
+    out = torch.full((1, T, H, V), float("nan"), dtype=torch.bfloat16)
+    paged = cache is not None
+    ht = cache if paged else torch.full((N, H, V, K), float("nan")) if final else None
+    src = cache if paged else h0
+    idx = cache_idx.to(torch.int32).contiguous() if paged else None
+    flags = has_init.to(torch.uint8).contiguous() if paged else None
+    lib.walk(dict(
+        **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
+        out=out.data_ptr(), so_t=out.stride(1), so_h=out.stride(2), cu_seqlens=cu.data_ptr(), chunk_offsets=co.data_ptr(),
+        h0=_ptr(src), sh0_n=_stride0(src), sh0_h=src.stride(1) if src is not None else 0,
+        state_in=2 if paged else int(h0 is not None), ht=_ptr(ht), sht_n=_stride0(ht),
+        sht_h=ht.stride(1) if ht is not None else 0, state_out=2 if paged else int(ht is not None),
+        state_idx=_ptr(idx), n_slots=cache.shape[0] if paged else 0, has_init=_ptr(flags),
+        ckpt=_ptr(ckpt), sck_n=_stride0(ckpt), n_ckpt_rows=ckpt.shape[0] if ckpt is not None else 0,
+        ckpt_off=_ptr(ck_off), ckpt_idx=_ptr(ck_idx), num_seqs=N, H=H, scale=K ** -0.5, stream=None))
+    return out, ht
+
+
+def _walk_lib(emu) -> HipLibrary:
+    lib = emu[0]
+    if lib.walk_threads == 0:
+        pytest.skip("the FMA fallback has no walk (fused plans then take the Triton walk)")
+    return lib
+
+
+def test_walk_matches_reference(emu):
+    """kda_walk_kernel on kda_intra's workspace against the float64 prefill: T = 1, T = 0 and lengths off the
+    16- and 64-row grids, K != V (two V slices), a dense initial state with a padded head stride; every output
+    element written, the T = 0 sequence's state passed through bit for bit."""
+    lib = _walk_lib(emu)
+    _, K, V = emu
+    x = make([1, 0, 45, 83, 130], 2, K, V, seed=21)
+    h0 = (torch.randn(5, 2, V * K + 64, generator=torch.Generator().manual_seed(22)) * 0.1)[..., :V * K]
+    h0 = h0.unflatten(-1, (V, K))  # rows dense, heads V K + 64 apart
+    ws = _intra(lib, K, V, x, -5.0)
+    o, ht = _walk(lib, K, V, x, ws, h0=h0)
+    ro, rf = chunk_kda_prefill_reference(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"],
+                                         initial_state=h0, output_final_state=True, lower_bound=-5.0,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu_seqlens"])
+    assert not bool(torch.isnan(o).any()) and not bool(torch.isnan(ht).any())
+    eo, es = rel_l2(o, ro), rel_l2(ht, rf)
+    print(f"[walk] o rel_l2={eo:.3e} state rel_l2={es:.3e}")
+    within("walk output", eo, OUT)
+    within("walk final state", es, STATE)
+    assert torch.equal(ht[1], h0[1])
+
+
+def test_walk_cache_and_checkpoints(emu):
+    """The paged cache in place (has_init False rows never read, a negative index neither read nor written, other
+    rows untouched), and checkpoints: bit-identical to the final state of a prefill cut at the offset, nothing
+    written for an offset off the 64-row grid or past the end, rows by ckpt_idx."""
+    lib = _walk_lib(emu)
+    _, K, V = emu
+    x = make([130, 70, 64], 1, K, V, seed=23)
+    gen = torch.Generator().manual_seed(24)
+    cache = torch.randn(5, 1, V, K, generator=gen) * 0.1
+    cache[3] = float("nan")  # the row of a sequence with has_init False
+    before = cache.clone()
+    ck = torch.full((4, 1, V, K), float("nan"))
+    ws = _intra(lib, K, V, x, -5.0)
+    o, _ = _walk(lib, K, V, x, ws, cache=cache, cache_idx=torch.tensor([1, 3, -1]),
+                 has_init=torch.tensor([True, False, True]), ckpt=ck, ck_off=torch.tensor([128, 100, 64], dtype=torch.int32),
+                 ck_idx=torch.tensor([2, 0, -1], dtype=torch.int32))
+    h0 = torch.stack([before[1], torch.zeros_like(before[1]), torch.zeros_like(before[1])])
+    ro, rf = chunk_kda_prefill_reference(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"],
+                                         initial_state=h0, output_final_state=True, lower_bound=-5.0,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu_seqlens"])
+    within("walk output (cache)", rel_l2(o, ro), OUT)
+    within("cache row 1", rel_l2(cache[1], rf[0]), STATE)
+    within("cache row 3", rel_l2(cache[3], rf[1]), STATE)
+    for row in (0, 2, 4):
+        assert torch.equal(cache[row], before[row])
+    # Checkpoint of sequence 0 after 128 tokens: the state a prefill of its first 128 tokens ends with.
+    xt = {n: (t[:, :128] if n in ("q", "k", "v", "raw_g", "raw_beta") else t) for n, t in x.items()}
+    xt["cu_seqlens"] = torch.tensor([0, 128], dtype=torch.int32)
+    _, ht = _walk(lib, K, V, xt, _intra(lib, K, V, xt, -5.0), h0=before[1:2])
+    assert torch.equal(ck[2], ht[0])
+    for row in (0, 1, 3):  # offset 100 off the grid; sequence 2's row -1; row 1 and 3 named by nobody
+        assert bool(torch.isnan(ck[row]).all())

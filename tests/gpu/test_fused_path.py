@@ -50,8 +50,8 @@ def fused_runs(libs, monkeypatch):
     """Counts the runs of fused plans made by the dispatcher (and requires the libraries), and the HIP
     kda_intra_kernel launches among them (Note [Fused plans]): a bounded gate kda_intra takes must launch it."""
     calls: list[str] = []
-    real_run, real_intra, real_fused = (plan_mod.KdaPrefillPlan.run, fused_path.HipIntraLaunch.__call__,
-                                        fused_path.run_fused)
+    real_run, real_intra, real_walk, real_fused = (plan_mod.KdaPrefillPlan.run, fused_path.HipIntraLaunch.__call__,
+                                                   fused_path.HipWalkLaunch.__call__, fused_path.run_fused)
 
     def run(self, *a, **kw):
         if self.path == "fused":
@@ -62,12 +62,17 @@ def fused_runs(libs, monkeypatch):
         calls.append("hip_intra")
         return real_intra(self, *a, **kw)
 
+    def walk(self, *a, **kw):
+        calls.append("hip_walk")
+        return real_walk(self, *a, **kw)
+
     def own_kernels(*a, **kw):
         calls.append("run_fused")
         return real_fused(*a, **kw)
 
     monkeypatch.setattr(plan_mod.KdaPrefillPlan, "run", run)
     monkeypatch.setattr(fused_path.HipIntraLaunch, "__call__", intra)
+    monkeypatch.setattr(fused_path.HipWalkLaunch, "__call__", walk)
     monkeypatch.setattr(fused_path, "run_fused", own_kernels)
     # Every fused plan here takes the HIP kernel, whatever the walks fill (triton_path.hip_intra_pays): these
     # are its tests. test_fused_plan_below_half_the_gpu_is_the_triton_program checks the rule itself.
@@ -87,6 +92,8 @@ def _fused(fused_runs, args, **kw):
     if (intra_fits(args["lower_bound"], True) is None and int(args["cu_seqlens"][-1]) > 0
             and os.environ.get("KDAGEN_FUSED_INTRA") == "always"):
         assert "hip_intra" in ran, "the fused plan did not launch kda_intra_kernel"
+        if os.environ.get("KDAGEN_FUSED_WALK", "hip") != "triton" and "KDAGEN_TRITON_GROUPS" not in os.environ:
+            assert "hip_walk" in ran, "the fused plan did not launch kda_walk_kernel after kda_intra_kernel"
     return o, s
 
 

@@ -15,6 +15,7 @@ import os
 import re
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -53,7 +54,7 @@ class Recorder:
         self.load_error = load_error
         self.loads: list[tuple] = []
         self.runs: list[dict] = []
-        self.lib = object()
+        self.lib = SimpleNamespace(walk_threads=256)  # a library with kda_walk_kernel (not the FMA fallback)
 
     def load_fused(self, package_dir, head_dim_k, head_dim_v, target, dtype="bf16"):
         self.loads.append((Path(package_dir).resolve(), head_dim_k, head_dim_v, target, dtype))
@@ -207,7 +208,7 @@ def test_can_use_fused_is_false_without_cuda_in_the_interpreter_or_without_the_c
 OWN_KERNELS = -10.0
 
 
-def test_fused_call_runs_the_hip_intra_kernel_before_the_triton_walk(on_sm90, monkeypatch):
+def test_fused_call_runs_the_hip_intra_kernel_then_the_hip_walk(on_sm90, monkeypatch):
     rec = _fake(monkeypatch)
     runs = _fake_triton(monkeypatch, programs=(programs := []))
     args = _args()
@@ -224,8 +225,38 @@ def test_fused_call_runs_the_hip_intra_kernel_before_the_triton_walk(on_sm90, mo
     for name in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias"):
         assert values[name] is args[name], name
     assert values["o"] is out and values["ht"] is final and values["h0"] is args["initial_state"]
+    for state_in in (0, 1):  # zeros or the dense initial state; the dense final state
+        (walk,) = program.walks[state_in]
+        assert isinstance(walk, fused_path.HipWalkLaunch) and walk.lib is rec.lib
+        assert (walk.state_in, walk.state_out) == (state_in, 1)
     kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
     assert len(rec.loads) == 1 and len(runs) == 2  # the library is loaded once per process
+
+
+@pytest.mark.parametrize("env,walk_threads,hip", [("", 256, True), ("triton", 256, False), ("", 0, False)],
+                         ids=["hip", "env_triton", "fma_library"])
+def test_hip_walk_unless_asked_for_triton_or_missing(on_sm90, monkeypatch, env, walk_threads, hip):
+    """The HIP walk follows the HIP kda_intra_kernel wherever the library has it; KDAGEN_FUSED_WALK=triton or a
+    library built on the FMA fallback (no walk) keep the Triton walk on the same workspace."""
+    from kdagen.runtime.launch import KernelLaunch
+
+    rec = _fake(monkeypatch)
+    rec.lib.walk_threads = walk_threads
+    monkeypatch.setenv("KDAGEN_FUSED_WALK", env)
+    _fake_triton(monkeypatch, programs=(programs := []))
+    kdagen_kernels.chunk_kda_prefill(**_args(), out=torch.empty(1, 12, H, 128, dtype=torch.bfloat16),
+                                     use_fused_chunk=True)
+    (program,) = programs
+    assert isinstance(program.intra, fused_path.HipIntraLaunch)
+    (walk,) = program.walks[1]
+    assert isinstance(walk, fused_path.HipWalkLaunch if hip else KernelLaunch)
+
+
+def test_fused_walk_env_must_be_known(on_sm90, monkeypatch):
+    _fake(monkeypatch)
+    monkeypatch.setenv("KDAGEN_FUSED_WALK", "fast")
+    with pytest.raises(ValueError, match="KDAGEN_FUSED_WALK='fast': expected hip or triton"):
+        kdagen_kernels.chunk_kda_prefill(**_args(), use_fused_chunk=True)
 
 
 @pytest.mark.parametrize("sms,env,hip", [(None, "", True), (132, "", False), (8, "", True), (132, "always", True),
@@ -277,7 +308,7 @@ def test_fused_call_passes_everything_to_run_fused(on_sm90, monkeypatch):
 @pytest.mark.parametrize("lower_bound", [-5.0, OWN_KERNELS], ids=["hip_intra", "own_kernels"])
 def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch, lower_bound):
     rec = _fake(monkeypatch)
-    runs = _fake_triton(monkeypatch)
+    runs = _fake_triton(monkeypatch, programs=(programs := []))
     args = _args((130, 3), h0=False, lower_bound=lower_bound)
     cache = torch.randn(4, H, 128, 128)
     ck = torch.full((3, H, 128, 128), float("nan"))
@@ -293,9 +324,15 @@ def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch, lower
         assert kw["final_state"] is None and kw["initial_state"] is None
         for name, t in extra.items():
             assert kw[name] is t, name
-    else:  # the Triton walk reads and writes the cache rows in place and writes the checkpoints
+    else:  # the HIP walk reads and writes the cache rows in place and writes the checkpoints
         (values,) = runs
         assert rec.runs == [] and values["h0"] is cache and values["ht"] is cache and values["ckpt"] is ck
+        (program,) = programs
+        (walk,) = program.walks[2]
+        assert isinstance(walk, fused_path.HipWalkLaunch) and (walk.state_in, walk.state_out) == (2, 2)
+        cu, co, idx, flags, ck_off, ck_idx, _ = walk._keep
+        assert idx.dtype == torch.int32 and idx.tolist() == [2, -1] and flags.tolist() == [1, 0]
+        assert ck_off.tolist() == [64, 0] and ck_idx.tolist() == [1, -1] and co.dtype == torch.int64
 
 
 @pytest.mark.parametrize("lower_bound", [-5.0, OWN_KERNELS], ids=["hip_intra", "own_kernels"])

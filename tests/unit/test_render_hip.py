@@ -36,7 +36,7 @@ def test_one_source_per_variant_and_target_and_verbatim_headers():
             assert f"#define KDA_MMA_LAYER_DEFAULT {TARGETS[target].hip_mma_layer}\n" in text
             assert '#include "kda_port.h"' in text and '#include "kda_launch.h"' in text
             # The instantiation holds no kernel code: that is in the verbatim headers.
-            assert "__global__" not in text and len(text.splitlines()) < 200
+            assert "__global__" not in text and len(text.splitlines()) < 250
             for abi in LAUNCHERS.values():  # the launchers' parameter lists are the declarations'
                 assert f"int {abi.name}(\n    {abi.c_params()}) {{" in text
     for header in (ROOT / "templates" / HIP_INCLUDE_DIR).iterdir():

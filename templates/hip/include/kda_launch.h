@@ -4,17 +4,18 @@
 // The generated instantiation's extern "C" launchers (parameter lists rendered from kdagen/kernels/hip.py)
 // pack their arguments into the kernels' argument structs and call these. Raw pointers, element strides
 // and a stream handle; the caller (kdagen/runtime/fused_path.py) has checked shapes.
-// KDA_LAUNCH_KERNEL(kernel, grid, smem, stream)(args) is the one place a kernel is launched: the triple
+// KDA_LAUNCH_KERNEL(kernel, grid, threads, smem, stream)(args) is the one place a kernel is launched: the triple
 // chevron here, a CPU model in tests/build/hip_emulation/kda_port.h (which defines it first).
 #pragma once
 
 #include "kda_prologue.h"
 #include "kda_group_scan.h"  // (and kda_recurrence.h)
 #include "kda_intra.h"
+#include "kda_walk.h"
 
 #if !defined(KDA_DEVICE_ONLY)
 #ifndef KDA_LAUNCH_KERNEL
-#define KDA_LAUNCH_KERNEL(kernel, grid, smem, stream) kernel<<<grid, kda::THREADS, smem, stream>>>
+#define KDA_LAUNCH_KERNEL(kernel, grid, threads, smem, stream) kernel<<<grid, threads, smem, stream>>>
 #endif
 
 namespace {
@@ -53,7 +54,7 @@ inline int prologue_launch(const PrologueArgs& a, int64_t num_chunks, kdaStream_
   int err = kda_prepare<decltype(&kda_prologue_kernel), PrologueSmem>(&kda_prologue_kernel);
   if (err) return err;
   dim3 grid((unsigned)num_chunks, (unsigned)a.H);
-  KDA_LAUNCH_KERNEL(kda_prologue_kernel, grid, kda_dyn_smem(sizeof(PrologueSmem)), stream)(a);
+  KDA_LAUNCH_KERNEL(kda_prologue_kernel, grid, THREADS, kda_dyn_smem(sizeof(PrologueSmem)), stream)(a);
   return (int)kdaGetLastError();
 }
 
@@ -63,8 +64,24 @@ inline int intra_launch(const IntraArgs& a, int64_t num_chunks, kdaStream_t stre
   int err = kda_prepare<decltype(&kda_intra_kernel), IntraSmem>(&kda_intra_kernel);
   if (err) return err;
   dim3 grid((unsigned)(num_chunks * ISPLIT), (unsigned)a.H);
-  KDA_LAUNCH_KERNEL(kda_intra_kernel, grid, kda_dyn_smem(sizeof(IntraSmem)), stream)(a);
+  KDA_LAUNCH_KERNEL(kda_intra_kernel, grid, THREADS, kda_dyn_smem(sizeof(IntraSmem)), stream)(a);
   return (int)kdaGetLastError();
+}
+
+// One workgroup per (sequence, head, WBV-row V slice); the FMA fallback has no walk (an error).
+inline int walk_launch(const WalkArgs& a, kdaStream_t stream) {
+#if defined(KDA_HAS_WALK)
+  if (a.num_seqs <= 0 || a.H <= 0) return 0;
+  int err = kda_prepare<decltype(&kda_walk_kernel), WalkSmem>(&kda_walk_kernel);
+  if (err) return err;
+  dim3 grid((unsigned)(a.num_seqs * a.H), (unsigned)(V / WBV));
+  KDA_LAUNCH_KERNEL(kda_walk_kernel, grid, WTHREADS, kda_dyn_smem(sizeof(WalkSmem)), stream)(a);
+  return (int)kdaGetLastError();
+#else
+  (void)a;
+  (void)stream;
+  return (int)kdaErrorInvalidValue;
+#endif
 }
 
 // groups == 1: one pass. groups > 1: pass 1, the scan and pass 2, with group_ws (fp32) holding
@@ -81,15 +98,15 @@ inline int recurrence_launch(RecurrenceArgs a, float* group_ws, kdaStream_t stre
   const unsigned nh = (unsigned)(a.num_seqs * a.H);
   if (a.groups > 1) {
     a.pass = kGroupOperators;
-    KDA_LAUNCH_KERNEL(kda_recurrence_kernel, dim3(nh, (V + K) / BVS, a.groups - 1), smem, stream)(a);
+    KDA_LAUNCH_KERNEL(kda_recurrence_kernel, dim3(nh, (V + K) / BVS, a.groups - 1), THREADS, smem, stream)(a);
     if ((err = (int)kdaGetLastError())) return err;
-    KDA_LAUNCH_KERNEL(kda_group_scan_kernel, dim3(nh, V / SCAN_ROWS), 0, stream)(a);
+    KDA_LAUNCH_KERNEL(kda_group_scan_kernel, dim3(nh, V / SCAN_ROWS), THREADS, 0, stream)(a);
     if ((err = (int)kdaGetLastError())) return err;
     a.pass = kGroupOutputs;
   } else {
     a.pass = kSinglePass;
   }
-  KDA_LAUNCH_KERNEL(kda_recurrence_kernel, dim3(nh, V / BVS, a.groups), smem, stream)(a);
+  KDA_LAUNCH_KERNEL(kda_recurrence_kernel, dim3(nh, V / BVS, a.groups), THREADS, smem, stream)(a);
   return (int)kdaGetLastError();
 }
 

@@ -200,7 +200,9 @@ __device__ __forceinline__ void kda_insn_mma_m16n8k16_bf16(const uint32_t a[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-#elif KDA_MMA_LAYER == KDA_LAYER_GFX942_MFMA
+#endif
+#if KDA_MMA_LAYER == KDA_LAYER_GFX942_MFMA || KDA_MMA_LAYER == KDA_LAYER_GFX950_MFMA
+// gfx950 has it too: the own / other products below take it on both MFMA layers.
 typedef short kda_short4 __attribute__((ext_vector_type(4)));
 typedef float kda_float4 __attribute__((ext_vector_type(4)));
 __device__ __forceinline__ void kda_insn_mfma_f32_16x16x16_bf16(const kda_bf16 a[4], const kda_bf16 b[4], float c[4]) {
@@ -212,9 +214,9 @@ __device__ __forceinline__ void kda_insn_mfma_f32_16x16x16_bf16(const kda_bf16 a
 #pragma unroll
   for (int i = 0; i < 4; ++i) c[i] = vc[i];
 }
-#elif KDA_MMA_LAYER == KDA_LAYER_GFX950_MFMA
+#endif
+#if KDA_MMA_LAYER == KDA_LAYER_GFX950_MFMA
 typedef __bf16 kda_bf16x8 __attribute__((ext_vector_type(8)));
-typedef float kda_float4 __attribute__((ext_vector_type(4)));
 __device__ __forceinline__ void kda_insn_mfma_f32_16x16x32_bf16(const kda_bf16 a[8], const kda_bf16 b[8], float c[4]) {
   kda_bf16x8 va, vb;
   kda_float4 vc;
@@ -247,6 +249,101 @@ __device__ __forceinline__ void kda_mma16(kda_frag_c& c, const kda_frag_a& a, co
   kda_insn_mfma_f32_16x16x16_bf16(a.x, b.x, c.x);
 #else
   kda_insn_mfma_f32_16x16x32_bf16(a.x, b.x, c.x);
+#endif
+}
+
+// ------------------------------------------------------------------ own / other products (K = 16 everywhere)
+// For kernels whose product results are the next products' operands (kda_walk.h): a 16 x 16 fp32 tile
+//   C(x, y) += sum_{k < 16} own(x, k) oth(y, k)
+// where `own` is made from an accumulator tile in registers alone and `oth` is read from memory. Each layer
+// has one operand whose register layout is its accumulator's: sm_90's A (rows g + 8 ..., the m16n8k16 C
+// layout), MFMA's B (k = 4 (lane / 16) + j, the 16x16 D layout with k as the row). So on sm_90 own is A and
+// C = own oth^T; on MFMA own is B and C = oth own^T: C(x, y) sits at C row x on sm_90 and at C row y on AMD,
+// which kda_oo_x / kda_oo_y hide. gfx950 takes the 16x16x16 MFMA here: its 16x16x32 B spans two accumulator
+// tiles with another lane map.
+//   kda_frag_own / kda_frag_oth          this lane's share of the operands
+//   kda_own_from_c(o, c)                 own(x, k) = bf16(C(x, k)) of an accumulator tile (registers only)
+//   kda_load_oth<SY, SK>(b, p)           oth(y, k) = p[y * SY + k * SK]
+//   kda_oth_y(i), kda_oth_k(i)           (y, k) of element i of an oth fragment
+//   kda_oo_x(i), kda_oo_y(i)             (x, y) of accumulator element i
+//   kda_mma_oo(c, own, oth)
+#if KDA_MMA_LAYER == KDA_LAYER_SM90_MMA
+#define KDA_OO_ELEMS 8
+typedef kda_frag_a kda_frag_own;
+typedef kda_frag_b kda_frag_oth;
+__device__ __forceinline__ int kda_oo_x(int i) { return kda_c_row(i); }
+__device__ __forceinline__ int kda_oo_y(int i) { return kda_c_col(i); }
+__device__ __forceinline__ int kda_oth_y(int i) { return kda_b_col(i); }
+__device__ __forceinline__ int kda_oth_k(int i) { return kda_b_row(i); }
+#else
+#define KDA_OO_ELEMS 4
+struct kda_frag_own { kda_bf16 x[4]; };
+struct kda_frag_oth { kda_bf16 x[4]; };
+__device__ __forceinline__ int kda_oo_x(int i) { return kda_c_col(i); }
+__device__ __forceinline__ int kda_oo_y(int i) { return kda_c_row(i); }
+__device__ __forceinline__ int kda_oth_y(int) { return kda_mma_lane() & 15; }
+__device__ __forceinline__ int kda_oth_k(int j) { return 4 * (kda_mma_lane() >> 4) + j; }
+#endif
+static_assert(KDA_C_ELEMS == KDA_OO_ELEMS, "own fragments hold one accumulator tile");
+
+// Same element order on both layers: own element i is accumulator element i (sm_90: A a_i and C c_i share
+// row g + 8 ((i >> 1) & 1) and column 2t + (i & 1) + 8 (i >> 2); MFMA: B and D element j share lane and j).
+__device__ __forceinline__ void kda_own_from_c(kda_frag_own& o, const kda_frag_c& c) {
+#pragma unroll
+  for (int i = 0; i < KDA_OO_ELEMS; i += 2) {
+    const uint32_t pair = kda_f32x2_to_bf16x2(c.x[i], c.x[i + 1]);
+    o.x[i] = (kda_bf16)(pair & 0xffffu);
+    o.x[i + 1] = (kda_bf16)(pair >> 16);
+  }
+}
+
+template <int SY, int SK>
+__device__ __forceinline__ void kda_load_oth(kda_frag_oth& b, const kda_bf16* p) {
+#if KDA_MMA_LAYER == KDA_LAYER_SM90_MMA && !defined(KDA_MMA_EMULATED)
+  if constexpr (SK == 1 || SY == 1) {
+    // One ldmatrix.x4 (.trans when y is the contiguous direction): 8 x 8 matrix m = lane / 8 holds
+    // y in [8 (m >> 1), +8) and k in [8 (m & 1), +8), the order of b's four registers; lane l gives the
+    // address of row l % 8 of matrix l / 8 (a y row, or with .trans a k row). Rows 16-byte aligned.
+    const int l = kda_mma_lane(), m = l >> 3, r = l & 7;
+    const int y = 8 * (m >> 1) + (SK == 1 ? r : 0), k = 8 * (m & 1) + (SK == 1 ? 0 : r);
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(p + y * SY + k * SK);
+    uint32_t d0, d1, d2, d3;
+    if constexpr (SK == 1)
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3) : "r"(addr));
+    else
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3) : "r"(addr));
+    const uint32_t d[4] = {d0, d1, d2, d3};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      b.x[2 * j] = (kda_bf16)(d[j] & 0xffffu);
+      b.x[2 * j + 1] = (kda_bf16)(d[j] >> 16);
+    }
+    return;
+  }
+#endif
+  if constexpr (SK == 1) {
+    // Runs of consecutive k: pairs on sm_90 (b_2j, b_2j+1), the whole fragment on MFMA (one 8-byte read).
+    constexpr int RUN = KDA_OO_ELEMS == 4 ? 4 : 2;
+    static_assert(SY % RUN == 0, "row stride must keep k runs aligned");
+#pragma unroll
+    for (int i = 0; i < KDA_OO_ELEMS; i += RUN) {
+      const kda_bf16_run<RUN> r = *reinterpret_cast<const kda_bf16_run<RUN>*>(p + kda_oth_y(i) * SY + kda_oth_k(i));
+#pragma unroll
+      for (int e = 0; e < RUN; ++e) b.x[i + e] = r.v[e];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < KDA_OO_ELEMS; ++i) b.x[i] = p[kda_oth_y(i) * SY + kda_oth_k(i) * SK];
+  }
+}
+
+__device__ __forceinline__ void kda_mma_oo(kda_frag_c& c, const kda_frag_own& a, const kda_frag_oth& b) {
+#if KDA_MMA_LAYER == KDA_LAYER_SM90_MMA
+  kda_mma16(c, a, b);
+#else
+  kda_insn_mfma_f32_16x16x16_bf16(b.x, a.x, c.x);  // A = oth (rows y), B = own (columns x)
 #endif
 }
 

@@ -36,6 +36,14 @@ __device__ __forceinline__ float kda_u2f(uint32_t x) { return __uint_as_float(x)
 __device__ __forceinline__ float kda_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 __device__ __forceinline__ float kda_fast_div(float a, float b) { return __fdividef(a, b); }
 __device__ __forceinline__ void kda_wave_sync() { __syncwarp(); }
+// 16 bytes global -> LDS without a register round trip (cp.async, sm_80 and later), zeros when !valid (src is
+// then not read); kda_copy_wait_all() waits for this thread's copies, a barrier then publishes them.
+__device__ __forceinline__ void kda_copy16(void* dst, const void* src, bool valid) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void kda_copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void kda_copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 #define KDA_HW_BF16 1
 __device__ __forceinline__ uint16_t kda_cvt_bf16(float f) {  // cvt.rn: round to nearest even, NaN stays NaN
   uint16_t r;
@@ -107,6 +115,13 @@ __device__ __forceinline__ void kda_wave_sync() {
   __builtin_amdgcn_wave_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 }
+// The copies of kda_copy16 through registers (the loads are not asynchronous here: other waves hide them).
+typedef unsigned kda_u32x4 __attribute__((ext_vector_type(4)));
+__device__ __forceinline__ void kda_copy16(void* dst, const void* src, bool valid) {
+  *reinterpret_cast<kda_u32x4*>(dst) = valid ? *reinterpret_cast<const kda_u32x4*>(src) : kda_u32x4{0u, 0u, 0u, 0u};
+}
+__device__ __forceinline__ void kda_copy_commit() {}
+__device__ __forceinline__ void kda_copy_wait_all() {}
 __device__ __forceinline__ int kda_lane() {
   return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
 }

@@ -69,6 +69,11 @@ inline float kda_fast_div(float a, float b) { return a / b; }
 inline uint32_t kda_f32x2_to_bf16x2(float lo, float hi) {
   return (uint32_t)kda_f32_to_bf16(lo) | ((uint32_t)kda_f32_to_bf16(hi) << 16);
 }
+inline void kda_copy16(void* dst, const void* src, bool valid) {
+  if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
+}
+inline void kda_copy_commit() {}
+inline void kda_copy_wait_all() {}
 inline float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 inline float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }
 
@@ -117,7 +122,7 @@ struct kda_emu_grid {
 };
 template <class Args>
 kda_emu_grid<Args> kda_emu_kernel(void (*kernel)(Args), dim3 grid, unsigned threads) { return {kernel, grid, threads}; }
-#define KDA_LAUNCH_KERNEL(kernel, grid, smem, stream) kda_emu_kernel(kernel, grid, kda::THREADS)
+#define KDA_LAUNCH_KERNEL(kernel, grid, threads, smem, stream) kda_emu_kernel(kernel, grid, threads)
 
 // ---------------------------------------------------------------------------- wave-level instruction models
 // Per-thread publication slots (raw registers) and one result tile per wave.
@@ -206,14 +211,16 @@ inline void kda_insn_mma_m16n8k16_bf16(const uint32_t a[4], const uint32_t b[2],
   static_assert(KDA_WARP == 32, "mma.sync is a 32-lane warp instruction");
   kda_emu_mma<kda_emu_sm80_m16n8k16>(a, 4, b, 2, c, 4);
 }
-#elif KDA_MMA_LAYER == 2
+#endif
+#if KDA_MMA_LAYER == 2 || KDA_MMA_LAYER == 3  // gfx950 runs the 16x16x16 MFMA too (kda_mma.h own / other products)
 inline void kda_insn_mfma_f32_16x16x16_bf16(const kda_bf16 a[4], const kda_bf16 b[4], float c[4]) {
   static_assert(KDA_WARP == 64, "MFMA is a 64-lane wave instruction");
   uint32_t ra[4], rb[4];
   for (int i = 0; i < 4; ++i) { ra[i] = a[i]; rb[i] = b[i]; }
   kda_emu_mma<kda_emu_mfma_16x16x16>(ra, 4, rb, 4, c, 4);
 }
-#elif KDA_MMA_LAYER == 3
+#endif
+#if KDA_MMA_LAYER == 3
 inline void kda_insn_mfma_f32_16x16x32_bf16(const kda_bf16 a[8], const kda_bf16 b[8], float c[4]) {
   static_assert(KDA_WARP == 64, "MFMA is a 64-lane wave instruction");
   uint32_t ra[8], rb[8];

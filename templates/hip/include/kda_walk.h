@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: Apache-2.0
+// kda_walk.h: the sequential half on kda_intra_kernel's workspace, 16-row steps, the state in registers
+// (copied verbatim; constants: kda_common.h, kda_intra.h).
+//
+// One workgroup per (sequence, head, WBV-row V slice) walks the sequence's walk chunks in order (the plain walk,
+// one group: the Triton kernel kda_recurrence at PASS 0, SPLIT = ISPLIT, computes the same):
+//   v_new^T = u^T - S w^T,   o^T = scale S qg^T + v_new^T tril(aqk)^T,   S = S diag(decay) + v_new^T kg
+// with S [V, K] fp32, its bf16 copy and v_new (bf16) as the products' operands, where the Triton walk rounds
+// them. Each wave owns 16 state rows and every column: WCT accumulator tiles, held in registers for the whole
+// walk, that are also the left operands of the next step's products (kda_mma.h's own / other products), so no
+// operand of the state or of v_new ever passes through shared memory and the waves never wait for each other
+// except on the K side. The K side of a step (w, qg, kg, aqk, decay and this slice's u: what every wave reads)
+// goes to shared memory in two stages: step i + 1's copies are issued (cp.async on CUDA) before step i's
+// products, one barrier per step. docs/perf-notes.md section 30: the design, its bytes and the measurements.
+//
+// State routing as the Triton walk: state_in 0 zeros, 1 dense h0[n], 2 paged h0[state_idx[n]] when
+// has_init[n]; state_out 0 none, 1 dense ht[n], 2 paged ht[state_idx[n]]; a paged row outside [0, n_slots) is
+// neither read nor written. The checkpoint row (ckpt_idx[n], or n) gets the state after ckpt_off[n] tokens
+// when that is a positive multiple of BT below the sequence's length. The FMA fallback has no walk.
+#pragma once
+
+#include "kda_common.h"
+#include "kda_intra.h"
+
+namespace kda {
+
+struct WalkArgs {
+  const kda_bf16 *qg, *w, *kg, *u, *aqk;  // kda_intra's workspace: [T, H, K], [T, H, V], [T, H, IR]
+  const float* decay;                     // [walk chunks, H, K]
+  kda_bf16* out;
+  int64_t so_t, so_h;
+  const int32_t* cu_seqlens;
+  const int64_t* chunk_offsets;           // metadata chunks (BT rows) before each sequence
+  const float* h0;                        // initial state (dense [N, H, V, K] or the cache), or null
+  int64_t sh0_n, sh0_h;
+  int state_in;
+  float* ht;                              // final state (dense, or the cache), or null
+  int64_t sht_n, sht_h;
+  int state_out;
+  const int32_t* state_idx;
+  int64_t n_slots;
+  const uint8_t* has_init;
+  float* ckpt;                            // checkpoint rows [rows, H, V, K], or null
+  int64_t sck_n, n_ckpt_rows;
+  const int32_t* ckpt_off;
+  const int32_t* ckpt_idx;                // null: row = sequence index
+  int64_t num_seqs;
+  int H;
+  float scale;
+};
+
+#if KDA_MMA_LAYER != KDA_LAYER_FMA
+#define KDA_HAS_WALK 1
+constexpr int WWAVES = V / 16 < 8 ? V / 16 : 8;  // 16 state rows per wave
+constexpr int WTHREADS = WWAVES * KDA_WARP;
+constexpr int WBV = 16 * WWAVES;                   // V rows per workgroup
+constexpr int WCT = K / 16;                        // state column tiles per wave
+// Rows padded by 8 bf16: the fragment reads of 8 consecutive rows fall in distinct banks, rows stay 16-byte
+// aligned for the copies.
+constexpr int WLK = K + 8, WLV = WBV + 8, WLA = IR + 8;
+static_assert(IR == 16 && V % WBV == 0 && K % 16 == 0, "walk tiles");
+// CUDA: resident workgroups per SM the register allocation must leave room for.
+#ifndef WALK_BLOCKS_PER_SM
+#define WALK_BLOCKS_PER_SM 2
+#endif
+
+struct alignas(16) WalkStage {
+  kda_bf16 W[IR][WLK], Q[IR][WLK], KG[IR][WLK];
+  kda_bf16 U[IR][WLV];   // this slice's columns of u
+  kda_bf16 A[IR][WLA];   // aqk; only u <= t is defined (read masked)
+  float D[K];
+};
+struct alignas(16) WalkSmem {
+  WalkStage st[2];
+};
+
+// Copies of one step's K side into a stage: 16-byte runs, rows past L zero.
+__device__ __forceinline__ void walk_stage_load(WalkStage& s, const WalkArgs& p, int64_t t0, int L, int h, int v0,
+                                                int64_t wchunk, int tid) {
+  constexpr int KR = K / 8, VR = WBV / 8, AR = IR / 8, DR = K / 4;
+  const int64_t HK = (int64_t)p.H * K;
+  for (int i = tid; i < IR * KR; i += WTHREADS) {
+    const int r = i / KR, c = 8 * (i % KR);
+    const bool ok = r < L;
+    const int64_t o = ok ? (t0 + r) * HK + (int64_t)h * K + c : 0;
+    kda_copy16(&s.W[r][c], p.w + o, ok);
+    kda_copy16(&s.Q[r][c], p.qg + o, ok);
+    kda_copy16(&s.KG[r][c], p.kg + o, ok);
+  }
+  for (int i = tid; i < IR * VR; i += WTHREADS) {
+    const int r = i / VR, c = 8 * (i % VR);
+    const bool ok = r < L;
+    kda_copy16(&s.U[r][c], p.u + (ok ? ((t0 + r) * p.H + h) * V + v0 + c : 0), ok);
+  }
+  for (int i = tid; i < IR * AR; i += WTHREADS) {
+    const int r = i / AR, c = 8 * (i % AR);
+    const bool ok = r < L;
+    kda_copy16(&s.A[r][c], p.aqk + (ok ? ((t0 + r) * p.H + h) * IR + c : 0), ok);
+  }
+  for (int i = tid; i < DR; i += WTHREADS) kda_copy16(&s.D[4 * i], p.decay + (wchunk * p.H + h) * K + 4 * i, true);
+  kda_copy_commit();
+}
+
+__global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kernel(WalkArgs p) {
+  KDA_SMEM(WalkSmem, s);
+  const int tid = threadIdx.x, wave = tid / KDA_WARP;
+  const int64_t n = blockIdx.x / p.H;
+  const int h = blockIdx.x % p.H;
+  const int v0 = blockIdx.y * WBV, vw = 16 * wave;  // this wave's state rows: v0 + vw + [0, 16)
+  const int64_t bos = p.cu_seqlens[n], eos = p.cu_seqlens[n + 1];
+  const int64_t wc0 = p.chunk_offsets[n] * ISPLIT;  // the sequence's first walk chunk (decay rows)
+  const int64_t steps = (eos - bos + IR - 1) / IR;
+
+  int64_t row = -1;
+  if (p.state_in == 2 || p.state_out == 2) {
+    row = p.state_idx[n];
+    if (row < 0 || row >= p.n_slots) row = -1;
+  }
+  const float* src = nullptr;
+  if (p.state_in == 1) src = p.h0 + n * p.sh0_n + (int64_t)h * p.sh0_h;
+  if (p.state_in == 2 && row >= 0 && p.has_init[n] != 0) src = p.h0 + row * p.sh0_n + (int64_t)h * p.sh0_h;
+  int64_t ck_step = -1;
+  float* ck = nullptr;
+  if (p.ckpt) {
+    const int64_t off = p.ckpt_off[n];
+    const int64_t crow = p.ckpt_idx ? (int64_t)p.ckpt_idx[n] : n;
+    if (off > 0 && off % BT == 0 && off < eos - bos && crow >= 0 && crow < p.n_ckpt_rows) {
+      ck_step = off / IR - 1;
+      ck = p.ckpt + crow * p.sck_n + (int64_t)h * V * K;
+    }
+  }
+
+  // z[c]: state rows v0 + vw + x, columns 16 c + y (x, y: kda_oo_x / kda_oo_y of each element).
+  kda_frag_c z[WCT];
+#pragma unroll
+  for (int c = 0; c < WCT; ++c)
+#pragma unroll
+    for (int e = 0; e < KDA_C_ELEMS; ++e)
+      z[c].x[e] = src ? src[(int64_t)(v0 + vw + kda_oo_x(e)) * K + 16 * c + kda_oo_y(e)] : 0.f;
+
+  if (steps > 0) walk_stage_load(s.st[0], p, bos, (int)(eos - bos < IR ? eos - bos : IR), h, v0, wc0, tid);
+  for (int64_t i = 0; i < steps; ++i) {
+    kda_copy_wait_all();
+    __syncthreads();  // step i's stage is complete; every wave is done with step i - 1's, which is refilled now
+    if (i + 1 < steps) {
+      const int64_t t1 = bos + (i + 1) * IR;
+      walk_stage_load(s.st[(i + 1) & 1], p, t1, (int)(eos - t1 < IR ? eos - t1 : IR), h, v0, wc0 + i + 1, tid);
+    }
+    const WalkStage& st = s.st[i & 1];
+    const int64_t t0 = bos + i * IR;
+    const int L = (int)(eos - t0 < IR ? eos - t0 : IR);
+
+    // (state row, chunk row) tiles of S w^T and S qg^T, two accumulator chains each (half the dependent steps).
+    kda_frag_c xw[2], xq[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      kda_frag_zero(xw[j]);
+      kda_frag_zero(xq[j]);
+    }
+#pragma unroll
+    for (int c = 0; c < WCT; ++c) {
+      kda_frag_own a;
+      kda_own_from_c(a, z[c]);
+      kda_frag_oth b;
+      kda_load_oth<WLK, 1>(b, &st.W[0][16 * c]);  // oth(t, k) = w[t][16 c + k]
+      kda_mma_oo(xw[c & 1], a, b);
+      kda_load_oth<WLK, 1>(b, &st.Q[0][16 * c]);
+      kda_mma_oo(xq[c & 1], a, b);
+    }
+    // v_new^T; rows past L are zero (their u and w are), so they add nothing below.
+    kda_frag_c vn;
+#pragma unroll
+    for (int e = 0; e < KDA_C_ELEMS; ++e)
+      vn.x[e] = bf(st.U[kda_oo_y(e)][vw + kda_oo_x(e)]) - (xw[0].x[e] + xw[1].x[e]);
+    kda_frag_own an;
+    kda_own_from_c(an, vn);
+
+    // o^T = scale S qg^T + v_new^T tril(aqk)^T
+    kda_frag_c o;
+    kda_frag_zero(o);
+    {
+      kda_frag_oth b;
+      kda_load_oth<WLA, 1>(b, &st.A[0][0]);  // oth(t, u) = aqk[t][u], u <= t
+#pragma unroll
+      for (int e = 0; e < KDA_OO_ELEMS; ++e)
+        if (kda_oth_k(e) > kda_oth_y(e)) b.x[e] = 0;
+      kda_mma_oo(o, an, b);
+    }
+#pragma unroll
+    for (int e = 0; e < KDA_C_ELEMS; ++e) {
+      const int t = kda_oo_y(e);
+      if (t < L)
+        p.out[(t0 + t) * p.so_t + (int64_t)h * p.so_h + v0 + vw + kda_oo_x(e)] =
+            kda_f32_to_bf16(p.scale * (xq[0].x[e] + xq[1].x[e]) + o.x[e]);
+    }
+
+    // S = S diag(decay) + v_new^T kg
+#pragma unroll
+    for (int c = 0; c < WCT; ++c) {
+#pragma unroll
+      for (int e = 0; e < KDA_C_ELEMS; ++e) z[c].x[e] *= st.D[16 * c + kda_oo_y(e)];
+      kda_frag_oth b;
+      kda_load_oth<1, WLK>(b, &st.KG[0][16 * c]);  // oth(k, t) = kg[t][16 c + k]
+      kda_mma_oo(z[c], an, b);
+    }
+    if (i == ck_step) {
+#pragma unroll
+      for (int c = 0; c < WCT; ++c)
+#pragma unroll
+        for (int e = 0; e < KDA_C_ELEMS; ++e)
+          ck[(int64_t)(v0 + vw + kda_oo_x(e)) * K + 16 * c + kda_oo_y(e)] = z[c].x[e];
+    }
+  }
+
+  float* dst = nullptr;
+  if (p.state_out == 1) dst = p.ht + n * p.sht_n + (int64_t)h * p.sht_h;
+  if (p.state_out == 2 && row >= 0) dst = p.ht + row * p.sht_n + (int64_t)h * p.sht_h;
+  if (dst) {
+#pragma unroll
+    for (int c = 0; c < WCT; ++c)
+#pragma unroll
+      for (int e = 0; e < KDA_C_ELEMS; ++e) dst[(int64_t)(v0 + vw + kda_oo_x(e)) * K + 16 * c + kda_oo_y(e)] = z[c].x[e];
+  }
+}
+#else
+constexpr int WTHREADS = 0;  // no walk on the FMA fallback (the plan then takes the Triton walk)
+struct WalkSmem { int unused; };
+#endif
+
+}  // namespace kda

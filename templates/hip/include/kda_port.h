@@ -43,7 +43,10 @@ __device__ __forceinline__ void kda_copy16(void* dst, const void* src, bool vali
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void kda_copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void kda_copy_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// ... or all but the newest N groups of them.
+template <int N>
+__device__ __forceinline__ void kda_copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void kda_copy_wait_all() { kda_copy_wait<0>(); }
 #define KDA_HW_BF16 1
 __device__ __forceinline__ uint16_t kda_cvt_bf16(float f) {  // cvt.rn: round to nearest even, NaN stays NaN
   uint16_t r;
@@ -121,6 +124,8 @@ __device__ __forceinline__ void kda_copy16(void* dst, const void* src, bool vali
   *reinterpret_cast<kda_u32x4*>(dst) = valid ? *reinterpret_cast<const kda_u32x4*>(src) : kda_u32x4{0u, 0u, 0u, 0u};
 }
 __device__ __forceinline__ void kda_copy_commit() {}
+template <int N>
+__device__ __forceinline__ void kda_copy_wait() {}
 __device__ __forceinline__ void kda_copy_wait_all() {}
 __device__ __forceinline__ int kda_lane() {
   return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));

@@ -10,8 +10,8 @@
 // walk, that are also the left operands of the next step's products (kda_mma.h's own / other products), so no
 // operand of the state or of v_new ever passes through shared memory and the waves never wait for each other
 // except on the K side. The K side of a step (w, qg, kg, aqk, decay and this slice's u: what every wave reads)
-// goes to shared memory in two stages: step i + 1's copies are issued (cp.async on CUDA) before step i's
-// products, one barrier per step. docs/perf-notes.md section 30: the design, its bytes and the measurements.
+// goes to shared memory in WSTAGES stages: steps i + 1 .. i + WSTAGES - 1 are copied (cp.async on CUDA) while step
+// i's products run, one barrier per step. docs/perf-notes.md section 30: the design, its bytes and the measurements.
 //
 // State routing as the Triton walk: state_in 0 zeros, 1 dense h0[n], 2 paged h0[state_idx[n]] when
 // has_init[n]; state_out 0 none, 1 dense ht[n], 2 paged ht[state_idx[n]]; a paged row outside [0, n_slots) is
@@ -51,7 +51,10 @@ struct WalkArgs {
 
 #if KDA_MMA_LAYER != KDA_LAYER_FMA
 #define KDA_HAS_WALK 1
-constexpr int WWAVES = V / 16 < 8 ? V / 16 : 8;  // 16 state rows per wave
+#ifndef WALK_WAVES
+#define WALK_WAVES 8
+#endif
+constexpr int WWAVES = V / 16 < WALK_WAVES ? V / 16 : WALK_WAVES;  // 16 state rows per wave
 constexpr int WTHREADS = WWAVES * KDA_WARP;
 constexpr int WBV = 16 * WWAVES;                   // V rows per workgroup
 constexpr int WCT = K / 16;                        // state column tiles per wave
@@ -70,35 +73,49 @@ struct alignas(16) WalkStage {
   kda_bf16 A[IR][WLA];   // aqk; only u <= t is defined (read masked)
   float D[K];
 };
+// Stages of the K-side pipeline: steps i + 1 .. i + WSTAGES - 1 are in flight while step i computes.
+#ifndef WALK_STAGES
+#define WALK_STAGES 2
+#endif
+constexpr int WSTAGES = WALK_STAGES;
+static_assert(WSTAGES >= 2, "the walk overlaps the next step's copies with this step's products");
 struct alignas(16) WalkSmem {
-  WalkStage st[2];
+  WalkStage st[WSTAGES];
 };
 
-// Copies of one step's K side into a stage: 16-byte runs, rows past L zero.
+// Copies of one step's K side into a stage: 16-byte runs, rows past L zero. Every loop has a compile-time trip
+// count (one iteration per array at K = V = 128 on CUDA), so a step's copies cost a few address computations.
+template <int ROWS, int RUN, typename F>
+__device__ __forceinline__ void walk_copy_rows(int tid, F&& copy) {
+  constexpr int N = ROWS * RUN;
+#pragma unroll
+  for (int it = 0; it < (N + WTHREADS - 1) / WTHREADS; ++it) {
+    const int i = tid + it * WTHREADS;
+    if (N % WTHREADS == 0 || i < N) copy(i / RUN, 8 * (i % RUN));
+  }
+}
+
 __device__ __forceinline__ void walk_stage_load(WalkStage& s, const WalkArgs& p, int64_t t0, int L, int h, int v0,
                                                 int64_t wchunk, int tid) {
-  constexpr int KR = K / 8, VR = WBV / 8, AR = IR / 8, DR = K / 4;
-  const int64_t HK = (int64_t)p.H * K;
-  for (int i = tid; i < IR * KR; i += WTHREADS) {
-    const int r = i / KR, c = 8 * (i % KR);
+  const int64_t row0 = t0 * p.H + h;  // (token t0, head h) of the [T, H, *] workspaces
+  walk_copy_rows<IR, K / 8>(tid, [&](int r, int c) {
     const bool ok = r < L;
-    const int64_t o = ok ? (t0 + r) * HK + (int64_t)h * K + c : 0;
+    const int64_t o = ok ? (row0 + (int64_t)r * p.H) * K + c : 0;
     kda_copy16(&s.W[r][c], p.w + o, ok);
     kda_copy16(&s.Q[r][c], p.qg + o, ok);
     kda_copy16(&s.KG[r][c], p.kg + o, ok);
-  }
-  for (int i = tid; i < IR * VR; i += WTHREADS) {
-    const int r = i / VR, c = 8 * (i % VR);
+  });
+  walk_copy_rows<IR, WBV / 8>(tid, [&](int r, int c) {
     const bool ok = r < L;
-    kda_copy16(&s.U[r][c], p.u + (ok ? ((t0 + r) * p.H + h) * V + v0 + c : 0), ok);
-  }
-  for (int i = tid; i < IR * AR; i += WTHREADS) {
-    const int r = i / AR, c = 8 * (i % AR);
+    kda_copy16(&s.U[r][c], p.u + (ok ? (row0 + (int64_t)r * p.H) * V + v0 + c : 0), ok);
+  });
+  walk_copy_rows<IR, IR / 8>(tid, [&](int r, int c) {
     const bool ok = r < L;
-    kda_copy16(&s.A[r][c], p.aqk + (ok ? ((t0 + r) * p.H + h) * IR + c : 0), ok);
-  }
-  for (int i = tid; i < DR; i += WTHREADS) kda_copy16(&s.D[4 * i], p.decay + (wchunk * p.H + h) * K + 4 * i, true);
-  kda_copy_commit();
+    kda_copy16(&s.A[r][c], p.aqk + (ok ? (row0 + (int64_t)r * p.H) * IR + c : 0), ok);
+  });
+  walk_copy_rows<1, K / 4>(tid, [&](int, int c) {  // the decay row: K fp32, 4 per run (c counts 8 per run)
+    kda_copy16(&s.D[c / 2], p.decay + (wchunk * p.H + h) * K + c / 2, true);
+  });
 }
 
 __global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kernel(WalkArgs p) {
@@ -138,15 +155,26 @@ __global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kern
     for (int e = 0; e < KDA_C_ELEMS; ++e)
       z[c].x[e] = src ? src[(int64_t)(v0 + vw + kda_oo_x(e)) * K + 16 * c + kda_oo_y(e)] : 0.f;
 
-  if (steps > 0) walk_stage_load(s.st[0], p, bos, (int)(eos - bos < IR ? eos - bos : IR), h, v0, wc0, tid);
+  // One copy group per step, empty past the last, so that "all but the newest WSTAGES - 2" is always step i's.
+#pragma unroll
+  for (int j = 0; j < WSTAGES - 1; ++j) {
+    const int64_t t1 = bos + (int64_t)j * IR;
+    if (j < steps) walk_stage_load(s.st[j], p, t1, (int)(eos - t1 < IR ? eos - t1 : IR), h, v0, wc0 + j, tid);
+    kda_copy_commit();
+  }
+  int cur = 0;  // stage of step i
   for (int64_t i = 0; i < steps; ++i) {
-    kda_copy_wait_all();
+    kda_copy_wait<WSTAGES - 2>();
     __syncthreads();  // step i's stage is complete; every wave is done with step i - 1's, which is refilled now
-    if (i + 1 < steps) {
-      const int64_t t1 = bos + (i + 1) * IR;
-      walk_stage_load(s.st[(i + 1) & 1], p, t1, (int)(eos - t1 < IR ? eos - t1 : IR), h, v0, wc0 + i + 1, tid);
+    const int64_t j = i + WSTAGES - 1;
+    if (j < steps) {
+      const int64_t t1 = bos + j * IR;
+      const int fill = cur == 0 ? WSTAGES - 1 : cur - 1;  // step i - 1's stage
+      walk_stage_load(s.st[fill], p, t1, (int)(eos - t1 < IR ? eos - t1 : IR), h, v0, wc0 + j, tid);
     }
-    const WalkStage& st = s.st[i & 1];
+    kda_copy_commit();
+    const WalkStage& st = s.st[cur];
+    cur = cur + 1 == WSTAGES ? 0 : cur + 1;
     const int64_t t0 = bos + i * IR;
     const int L = (int)(eos - t0 < IR ? eos - t0 : IR);
 
@@ -186,12 +214,11 @@ __global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kern
         if (kda_oth_k(e) > kda_oth_y(e)) b.x[e] = 0;
       kda_mma_oo(o, an, b);
     }
+    kda_bf16* orow = p.out + t0 * p.so_t + (int64_t)h * p.so_h + v0 + vw;
 #pragma unroll
     for (int e = 0; e < KDA_C_ELEMS; ++e) {
       const int t = kda_oo_y(e);
-      if (t < L)
-        p.out[(t0 + t) * p.so_t + (int64_t)h * p.so_h + v0 + vw + kda_oo_x(e)] =
-            kda_f32_to_bf16(p.scale * (xq[0].x[e] + xq[1].x[e]) + o.x[e]);
+      if (t < L) orow[t * p.so_t + kda_oo_x(e)] = kda_f32_to_bf16(p.scale * (xq[0].x[e] + xq[1].x[e]) + o.x[e]);
     }
 
     // S = S diag(decay) + v_new^T kg

@@ -73,6 +73,8 @@ inline void kda_copy16(void* dst, const void* src, bool valid) {
   if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
 }
 inline void kda_copy_commit() {}
+template <int N>
+inline void kda_copy_wait() {}
 inline void kda_copy_wait_all() {}
 inline float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 inline float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }

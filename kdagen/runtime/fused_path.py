@@ -73,7 +73,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr() if t is not None else None
 
 
-# kda_intra_kernel's walk chunk (templates/hip/include/kda_intra.h IR): fused plans step their Triton walk over it.
+# kda_intra_kernel's walk chunk (templates/hip/include/kda_intra.h IR): fused plans step their walk over it.
 INTRA_ROWS = 16
 
 
@@ -124,7 +124,7 @@ def run_intra(lib: HipLibrary, ws: dict[str, torch.Tensor], *, q: torch.Tensor, 
 class HipIntraLaunch:
     """kda_intra_kernel as the first launch of a Triton program (triton_path.TritonProgram's `intra`): called
     with the program's run values (triton_path.RUN_ORDER), it writes the program's workspace views `ws`, which
-    the Triton walk then reads. The metadata (int32) and the workspace are fixed when the plan is made, so a
+    the walk then reads. The metadata (int32) and the workspace are fixed when the plan is made, so a
     call only converts what the kernel takes in another dtype (raw_g and raw_beta to bf16, A_log and g_bias to
     fp32) and launches; nothing syncs, so graphs capture it."""
 

@@ -16,14 +16,16 @@ Note [Plan and run]
 Note [Fused plans]
     A fused plan (use_fused_chunk=True, Note [Fused path choice]) runs the HIP kda_intra_kernel (the
     chunk-parallel half on 16-row walk chunks, templates/hip/include/kda_intra.h) in place of the Triton
-    kda_intra, then the Triton walk on the same workspace: the Triton program with its first launch replaced,
-    so state routing, checkpoints, group counts and graph capture are the Triton path's. That needs the gate
+    kda_intra, then the HIP kda_walk_kernel (kda_walk.h) on the same workspace: the Triton program with its
+    launches replaced, so state routing, checkpoints and graph capture follow the Triton path's. The HIP walk
+    has no group split, so such a plan walks as one group (unless a group count is forced, which takes the
+    Triton walk; so does KDAGEN_FUSED_WALK=triton or a library on the FMA fallback). That needs the gate
     and norm kda_intra needs (triton_path.intra_fits) and a Triton variant of the same head dims; otherwise the
     fused path's own two kernels (kda_prologue.h, kda_recurrence.h) run, as they did before. The HIP kernel
     takes 16-row walk steps, which pay only where the walks fill at least half the GPU
     (triton_path.hip_intra_pays; KDAGEN_FUSED_INTRA=always / never overrides): below that the plan runs the
     Triton program as the Triton path would. On the H200 the HIP kernel is 24% faster than the Triton
-    kda_intra (docs/perf-notes.md sections 27 and 28). With no `out` the output goes into v, the fused path's
+    kda_intra and the HIP walk 36% faster than the Triton walk (docs/perf-notes.md sections 27, 28 and 30). With no `out` the output goes into v, the fused path's
     contract (fused_output).
 """
 

@@ -19,6 +19,8 @@
 //  kda_recurrence_kernel one block per (sequence, head, group, BVS-row V slice): fp32 V-first state
 //                        held on chip for the whole walk; per chunk v_new = u - w S^T,
 //                        o = scale qg S^T + tril(aqk) v_new, S = S diag(decay) + v_new^T kg.
+//  kda_intra_kernel / kda_walk_kernel  the chunk-parallel half on 16-row walk chunks and the walk over its
+//                        workspace with the state in registers (kda_intra.h, kda_walk.h: vLLM's Kimi gate).
 //  kda_group_scan_kernel the two-pass group scan (kda-semantics.md 3.4) for few, long sequences: pass 1
 //                        walks each group of chunks from a zero state (B_g) and, on K extra "transfer"
 //                        rows with u = 0 started from I, M_g = prod (diag(decay) - w^T kg); the scan

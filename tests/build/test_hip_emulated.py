@@ -328,13 +328,16 @@ def test_intra_inverse_on_correlated_keys(emu):
 
 
 def _walk(lib: HipLibrary, K, V, x, ws, *, h0=None, cache=None, cache_idx=None, has_init=None, ckpt=None,
-          ck_off=None, ck_idx=None, final=True):
-    """kda_walk_launch on kda_intra's workspace `ws`: a NaN-poisoned output and (dense, `final`) final state."""
+          ck_off=None, ck_idx=None, final=True, odd_out=False):
+    """kda_walk_launch on kda_intra's workspace `ws`: a NaN-poisoned output and (dense, `final`) final state.
+    odd_out: the output as a view with an odd token stride (the kernel's 2-byte stores instead of paired ones)."""
     T, H = x["q"].shape[1], x["q"].shape[2]
     cu = x["cu_seqlens"]
     N = cu.numel() - 1
     co = prepare_chunk_offsets(cu, 64).to(torch.int64).contiguous()
     out = torch.full((1, T, H, V), float("nan"), dtype=torch.bfloat16)
+    if odd_out:
+        out = torch.full((1, T, H * V + 1), float("nan"), dtype=torch.bfloat16)[..., :H * V].unflatten(-1, (H, V))
     paged = cache is not None
     ht = cache if paged else torch.full((N, H, V, K), float("nan")) if final else None
     src = cache if paged else h0
@@ -379,6 +382,9 @@ def test_walk_matches_reference(emu):
     within("walk output", eo, OUT)
     within("walk final state", es, STATE)
     assert torch.equal(ht[1], h0[1])
+    # An output whose token stride is odd takes the 2-byte stores: the same bits.
+    o_odd, _ = _walk(lib, K, V, x, ws, h0=h0, odd_out=True)
+    assert o_odd.stride(1) % 2 == 1 and torch.equal(o_odd, o)
 
 
 def test_walk_cache_and_checkpoints(emu):

@@ -29,8 +29,11 @@ const char* kda_error_string(int) { return "fake"; }
 int kda_prologue_smem_bytes(void) { return 1; }
 int kda_recurrence_smem_bytes(void) { return 1; }
 int kda_intra_smem_bytes(void) { return 1; }
+int kda_walk_smem_bytes(void) { return 1; }
+int kda_walk_threads(void) { return 256; }
 int kda_prologue_launch(void) { return 0; }
 int kda_intra_launch(void) { return 0; }
+int kda_walk_launch(void) { return 0; }
 int kda_recurrence_launch(void) { return 0; }
 }
 """

@@ -252,6 +252,36 @@ def test_hip_walk_unless_asked_for_triton_or_missing(on_sm90, monkeypatch, env, 
     assert isinstance(walk, fused_path.HipWalkLaunch if hip else KernelLaunch)
 
 
+@pytest.mark.parametrize("forced", [None, 2], ids=["plan", "KDAGEN_TRITON_GROUPS=2"])
+def test_hip_walk_plans_walk_as_one_group(on_sm90, monkeypatch, forced):
+    """kda_walk_kernel has no group split: a fused plan that launches it walks each sequence as one group where the
+    Triton path's cost model would split (one long sequence on 132 SMs); a forced group count takes the Triton walk."""
+    from kdagen.runtime import triton_path
+    from kdagen.runtime.launch import KernelLaunch
+
+    _fake(monkeypatch)
+    monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
+    monkeypatch.setenv("KDAGEN_FUSED_INTRA", "always")
+    if forced is not None:
+        monkeypatch.setenv("KDAGEN_TRITON_GROUPS", str(forced))
+    _fake_triton(monkeypatch, programs=(programs := []))
+    args = _args((4000,))
+    mod = next(e for e in kdagen_kernels.VARIANTS if e.backend == "triton" and e.dtype == "bf16"
+               and (e.head_dim_k, e.head_dim_v) == (128, 128)).load()
+    # The Triton path's own choice for this batch splits the walk: the case the rule is about.
+    assert triton_path.recurrence_groups(mod, mod.TUNING["sm_90"], 1, H, 63, torch.device("cpu")) > 1
+    kdagen_kernels.chunk_kda_prefill(**args, out=torch.empty_like(args["v"]), use_fused_chunk=True)
+    (program,) = programs
+    assert isinstance(program.intra, fused_path.HipIntraLaunch)
+    if forced is None:
+        assert program.groups == 1
+        (walk,) = program.walks[1]
+        assert isinstance(walk, fused_path.HipWalkLaunch)
+    else:
+        assert program.groups == forced
+        assert all(isinstance(w, KernelLaunch) for w in program.walks[1]) and len(program.walks[1]) == 3
+
+
 def test_fused_walk_env_must_be_known(on_sm90, monkeypatch):
     _fake(monkeypatch)
     monkeypatch.setenv("KDAGEN_FUSED_WALK", "fast")

@@ -42,6 +42,11 @@ class Target:
     simds_per_cu: int = 0
     vgprs_per_simd_lane: int = 0  # the unified VGPR + AGPR file per lane
     max_waves_per_simd: int = 0
+    # kda_walk_kernel (templates/hip/include/kda_walk.h) holds the next step's K side in registers while a step
+    # computes, then stores it to LDS: the loads overlap the products inside each wave. That takes 24 more VGPRs
+    # per lane, which costs a workgroup per CU where registers, not LDS, bound it (gfx950: 2 -> 1), so it is on
+    # where LDS already allows one workgroup only (gfx942). CUDA's cp.async needs no registers (always on).
+    hip_walk_prefetch: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ TARGETS: dict[str, Target] = {
     "gfx950": Target(
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
         smem_per_block=160 * 1024, hip_v_slice=64, triton_fp32_dot="ieee",
-        hip_mma_layer=3, hip_mma_insn="v_mfma_f32_16x16x32_bf16, wave 64",
+        hip_mma_layer=3, hip_mma_insn="v_mfma_f32_16x16x32_bf16, wave 64", hip_walk_prefetch=False,
         lds_per_cu=160 * 1024, simds_per_cu=4, vgprs_per_simd_lane=512, max_waves_per_simd=8,
     ),
     "sm_90": Target(

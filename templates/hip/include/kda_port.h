@@ -43,6 +43,13 @@ __device__ __forceinline__ void kda_copy16(void* dst, const void* src, bool vali
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void kda_copy_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// A copy in two halves, for a loop that issues the next step's copies before this step's work and lands them
+// after it: cp.async needs no register and lands by itself.
+struct kda_copy_reg {};
+__device__ __forceinline__ void kda_copy_issue(kda_copy_reg&, void* dst, const void* src, bool valid) {
+  kda_copy16(dst, src, valid);
+}
+__device__ __forceinline__ void kda_copy_land(const kda_copy_reg&, void*) {}
 // ... or all but the newest N groups of them.
 template <int N>
 __device__ __forceinline__ void kda_copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -124,6 +131,15 @@ __device__ __forceinline__ void kda_copy16(void* dst, const void* src, bool vali
   *reinterpret_cast<kda_u32x4*>(dst) = valid ? *reinterpret_cast<const kda_u32x4*>(src) : kda_u32x4{0u, 0u, 0u, 0u};
 }
 __device__ __forceinline__ void kda_copy_commit() {}
+// The two halves of kda_copy16 (see the CUDA side): the load issued into registers now, the LDS store when the
+// caller lands it, so that the wave waits for the load only there (after the work between the two).
+struct kda_copy_reg { kda_u32x4 v; };
+__device__ __forceinline__ void kda_copy_issue(kda_copy_reg& r, void*, const void* src, bool valid) {
+  r.v = valid ? *reinterpret_cast<const kda_u32x4*>(src) : kda_u32x4{0u, 0u, 0u, 0u};
+}
+__device__ __forceinline__ void kda_copy_land(const kda_copy_reg& r, void* dst) {
+  *reinterpret_cast<kda_u32x4*>(dst) = r.v;
+}
 template <int N>
 __device__ __forceinline__ void kda_copy_wait() {}
 __device__ __forceinline__ void kda_copy_wait_all() {}

@@ -10,8 +10,9 @@
 // walk, that are also the left operands of the next step's products (kda_mma.h's own / other products), so no
 // operand of the state or of v_new ever passes through shared memory and the waves never wait for each other
 // except on the K side. The K side of a step (w, qg, kg, aqk, decay and this slice's u: what every wave reads)
-// goes to shared memory in WSTAGES stages: steps i + 1 .. i + WSTAGES - 1 are copied (cp.async on CUDA) while step
-// i's products run, one barrier per step. docs/perf-notes.md section 30: the design, its bytes and the measurements.
+// goes to shared memory in WSTAGES stages: steps i + 1 .. i + WSTAGES - 1 are copied while step i's products run
+// (cp.async on CUDA; on AMD the loads are issued before the products and stored to LDS after them), one barrier
+// per step. docs/perf-notes.md section 30: the design, its bytes and the measurements.
 //
 // State routing as the Triton walk: state_in 0 zeros, 1 dense h0[n], 2 paged h0[state_idx[n]] when
 // has_init[n]; state_out 0 none, 1 dense ht[n], 2 paged ht[state_idx[n]]; a paged row outside [0, n_slots) is
@@ -63,6 +64,9 @@ constexpr int WCT = K / 16;                        // state column tiles per wav
 constexpr int WLK = K + 8, WLV = WBV + 8, WLA = IR + 8;
 static_assert(IR == 16 && V % WBV == 0 && K % 16 == 0, "walk tiles");
 // CUDA: resident workgroups per SM the register allocation must leave room for.
+#ifndef KDA_WALK_PREFETCH
+#define KDA_WALK_PREFETCH 1
+#endif
 #ifndef WALK_BLOCKS_PER_SM
 #define WALK_BLOCKS_PER_SM 2
 #endif
@@ -84,37 +88,59 @@ struct alignas(16) WalkSmem {
 };
 
 // Copies of one step's K side into a stage: 16-byte runs, rows past L zero. Every loop has a compile-time trip
-// count (one iteration per array at K = V = 128 on CUDA), so a step's copies cost a few address computations.
+// count (one iteration per array at K = V = 128), so a step's copies cost a few address computations. Each copy
+// has its own slot (kda_copy_reg: nothing on CUDA, the 16 bytes in flight on AMD): walk_stage<kIssue> issues the
+// loads, walk_stage<kLand> stores them to LDS (on CUDA cp.async lands by itself). With KDA_WALK_PREFETCH (the
+// target's hip_walk_prefetch) an AMD wave lands them after the step's products, so it does not wait for the loads
+// before its work; without it, walk_stage<kCopy> copies each run whole (no registers held across the step).
+template <int ROWS, int RUN>
+constexpr int WALK_TRIPS = (ROWS * RUN + WTHREADS - 1) / WTHREADS;
+constexpr int WTK = WALK_TRIPS<IR, K / 8>, WTU = WALK_TRIPS<IR, WBV / 8>, WTA = WALK_TRIPS<IR, IR / 8>,
+              WTD = WALK_TRIPS<1, K / 4>;
+constexpr int WSLOTS = 3 * WTK + WTU + WTA + WTD;
+struct WalkSlots {
+  kda_copy_reg r[WSLOTS];
+};
+
 template <int ROWS, int RUN, typename F>
 __device__ __forceinline__ void walk_copy_rows(int tid, F&& copy) {
   constexpr int N = ROWS * RUN;
 #pragma unroll
-  for (int it = 0; it < (N + WTHREADS - 1) / WTHREADS; ++it) {
+  for (int it = 0; it < WALK_TRIPS<ROWS, RUN>; ++it) {
     const int i = tid + it * WTHREADS;
-    if (N % WTHREADS == 0 || i < N) copy(i / RUN, 8 * (i % RUN));
+    if (N % WTHREADS == 0 || i < N) copy(it, i / RUN, 8 * (i % RUN));
   }
 }
 
-__device__ __forceinline__ void walk_stage_load(WalkStage& s, const WalkArgs& p, int64_t t0, int L, int h, int v0,
-                                                int64_t wchunk, int tid) {
+enum WalkCopy : int { kCopy = 0, kIssue = 1, kLand = 2 };  // whole copies, or their two halves
+template <int MODE>
+__device__ __forceinline__ void walk_copy(kda_copy_reg& r, void* dst, const void* src, bool ok) {
+  if constexpr (MODE == kCopy) kda_copy16(dst, src, ok);
+  else if constexpr (MODE == kIssue) kda_copy_issue(r, dst, src, ok);
+  else kda_copy_land(r, dst);
+}
+
+template <int MODE>
+__device__ __forceinline__ void walk_stage(WalkStage& s, WalkSlots& slot, const WalkArgs& p, int64_t t0, int L, int h,
+                                           int v0, int64_t wchunk, int tid) {
   const int64_t row0 = t0 * p.H + h;  // (token t0, head h) of the [T, H, *] workspaces
-  walk_copy_rows<IR, K / 8>(tid, [&](int r, int c) {
+  walk_copy_rows<IR, K / 8>(tid, [&](int it, int r, int c) {
     const bool ok = r < L;
     const int64_t o = ok ? (row0 + (int64_t)r * p.H) * K + c : 0;
-    kda_copy16(&s.W[r][c], p.w + o, ok);
-    kda_copy16(&s.Q[r][c], p.qg + o, ok);
-    kda_copy16(&s.KG[r][c], p.kg + o, ok);
+    walk_copy<MODE>(slot.r[3 * it], &s.W[r][c], p.w + o, ok);
+    walk_copy<MODE>(slot.r[3 * it + 1], &s.Q[r][c], p.qg + o, ok);
+    walk_copy<MODE>(slot.r[3 * it + 2], &s.KG[r][c], p.kg + o, ok);
   });
-  walk_copy_rows<IR, WBV / 8>(tid, [&](int r, int c) {
+  walk_copy_rows<IR, WBV / 8>(tid, [&](int it, int r, int c) {
     const bool ok = r < L;
-    kda_copy16(&s.U[r][c], p.u + (ok ? (row0 + (int64_t)r * p.H) * V + v0 + c : 0), ok);
+    walk_copy<MODE>(slot.r[3 * WTK + it], &s.U[r][c], p.u + (ok ? (row0 + (int64_t)r * p.H) * V + v0 + c : 0), ok);
   });
-  walk_copy_rows<IR, IR / 8>(tid, [&](int r, int c) {
+  walk_copy_rows<IR, IR / 8>(tid, [&](int it, int r, int c) {
     const bool ok = r < L;
-    kda_copy16(&s.A[r][c], p.aqk + (ok ? (row0 + (int64_t)r * p.H) * IR + c : 0), ok);
+    walk_copy<MODE>(slot.r[3 * WTK + WTU + it], &s.A[r][c], p.aqk + (ok ? (row0 + (int64_t)r * p.H) * IR + c : 0), ok);
   });
-  walk_copy_rows<1, K / 4>(tid, [&](int, int c) {  // the decay row: K fp32, 4 per run (c counts 8 per run)
-    kda_copy16(&s.D[c / 2], p.decay + (wchunk * p.H + h) * K + c / 2, true);
+  walk_copy_rows<1, K / 4>(tid, [&](int it, int, int c) {  // the decay row: K fp32, 4 per run (c counts 8 per run)
+    walk_copy<MODE>(slot.r[3 * WTK + WTU + WTA + it], &s.D[c / 2], p.decay + (wchunk * p.H + h) * K + c / 2, true);
   });
 }
 
@@ -156,10 +182,12 @@ __global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kern
       z[c].x[e] = src ? src[(int64_t)(v0 + vw + kda_oo_x(e)) * K + 16 * c + kda_oo_y(e)] : 0.f;
 
   // One copy group per step, empty past the last, so that "all but the newest WSTAGES - 2" is always step i's.
+  WalkSlots slot;
 #pragma unroll
   for (int j = 0; j < WSTAGES - 1; ++j) {
     const int64_t t1 = bos + (int64_t)j * IR;
-    if (j < steps) walk_stage_load(s.st[j], p, t1, (int)(eos - t1 < IR ? eos - t1 : IR), h, v0, wc0 + j, tid);
+    const int L1 = (int)(eos - t1 < IR ? eos - t1 : IR);
+    if (j < steps) walk_stage<kCopy>(s.st[j], slot, p, t1, L1, h, v0, wc0 + j, tid);
     kda_copy_commit();
   }
   int cur = 0;  // stage of step i
@@ -167,11 +195,11 @@ __global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kern
     kda_copy_wait<WSTAGES - 2>();
     __syncthreads();  // step i's stage is complete; every wave is done with step i - 1's, which is refilled now
     const int64_t j = i + WSTAGES - 1;
-    if (j < steps) {
-      const int64_t t1 = bos + j * IR;
-      const int fill = cur == 0 ? WSTAGES - 1 : cur - 1;  // step i - 1's stage
-      walk_stage_load(s.st[fill], p, t1, (int)(eos - t1 < IR ? eos - t1 : IR), h, v0, wc0 + j, tid);
-    }
+    const bool next = j < steps;
+    const int fill = cur == 0 ? WSTAGES - 1 : cur - 1;  // step i - 1's stage
+    const int64_t t1 = bos + j * IR;
+    const int L1 = (int)(eos - t1 < IR ? eos - t1 : IR);
+    if (next) walk_stage<KDA_WALK_PREFETCH ? kIssue : kCopy>(s.st[fill], slot, p, t1, L1, h, v0, wc0 + j, tid);
     kda_copy_commit();
     const WalkStage& st = s.st[cur];
     cur = cur + 1 == WSTAGES ? 0 : cur + 1;
@@ -230,6 +258,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kern
       kda_load_oth<1, WLK>(b, &st.KG[0][16 * c]);  // oth(k, t) = kg[t][16 c + k]
       kda_mma_oo(z[c], an, b);
     }
+    if (next && KDA_WALK_PREFETCH) walk_stage<kLand>(s.st[fill], slot, p, t1, L1, h, v0, wc0 + j, tid);  // AMD: LDS stores
     if (i == ck_step) {
 #pragma unroll
       for (int c = 0; c < WCT; ++c)

@@ -73,6 +73,12 @@ inline void kda_copy16(void* dst, const void* src, bool valid) {
   if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
 }
 inline void kda_copy_commit() {}
+// The AMD form of the two halves (registers, then the LDS store), so that the walk's landing order is exercised.
+struct kda_copy_reg { unsigned char v[16]; };
+inline void kda_copy_issue(kda_copy_reg& r, void*, const void* src, bool valid) {
+  if (valid) std::memcpy(r.v, src, 16); else std::memset(r.v, 0, 16);
+}
+inline void kda_copy_land(const kda_copy_reg& r, void* dst) { std::memcpy(dst, r.v, 16); }
 template <int N>
 inline void kda_copy_wait() {}
 inline void kda_copy_wait_all() {}

@@ -11,8 +11,8 @@
 // operand of the state or of v_new ever passes through shared memory and the waves never wait for each other
 // except on the K side. The K side of a step (w, qg, kg, aqk, decay and this slice's u: what every wave reads)
 // goes to shared memory in WSTAGES stages: steps i + 1 .. i + WSTAGES - 1 are copied while step i's products run
-// (cp.async on CUDA; on AMD the loads are issued before the products and stored to LDS after them), one barrier
-// per step. docs/perf-notes.md section 30: the design, its bytes and the measurements.
+// (cp.async on CUDA; through registers on AMD, held across the products where KDA_WALK_PREFETCH is set), one
+// barrier per step. docs/perf-notes.md section 30: the design, its bytes and the measurements.
 //
 // State routing as the Triton walk: state_in 0 zeros, 1 dense h0[n], 2 paged h0[state_idx[n]] when
 // has_init[n]; state_out 0 none, 1 dense ht[n], 2 paged ht[state_idx[n]]; a paged row outside [0, n_slots) is
@@ -63,10 +63,11 @@ constexpr int WCT = K / 16;                        // state column tiles per wav
 // aligned for the copies.
 constexpr int WLK = K + 8, WLV = WBV + 8, WLA = IR + 8;
 static_assert(IR == 16 && V % WBV == 0 && K % 16 == 0, "walk tiles");
-// CUDA: resident workgroups per SM the register allocation must leave room for.
+// The target's Target.hip_walk_prefetch (rendered by the instantiation): AMD copies' registers held across a step.
 #ifndef KDA_WALK_PREFETCH
 #define KDA_WALK_PREFETCH 1
 #endif
+// CUDA: resident workgroups per SM the register allocation must leave room for.
 #ifndef WALK_BLOCKS_PER_SM
 #define WALK_BLOCKS_PER_SM 2
 #endif

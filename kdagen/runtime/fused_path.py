@@ -63,6 +63,15 @@ def _i32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
 
 
+def _i64(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()
+
+
+def _flags(t: torch.Tensor) -> torch.Tensor:
+    # has_initial_state as the kernels read it: one byte per sequence, nonzero = true.
+    return t.reshape(-1).to(torch.bool).contiguous().view(torch.uint8)
+
+
 def _state_rows(name: str, t: torch.Tensor, H: int, V: int, K: int, device) -> None:
     _req(t.dtype == torch.float32 and t.device == device and t.dim() == 4 and tuple(t.shape[1:]) == (H, V, K),
          f"{name} must be fp32 [rows, {H}, {V}, {K}] on {device} (V-first), got {t.dtype} {tuple(t.shape)}")
@@ -177,11 +186,9 @@ class HipWalkLaunch:
                  state_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
                  checkpoint_offsets: torch.Tensor | None, checkpoint_state_indices: torch.Tensor | None):
         cu = _i32(cu_seqlens)
-        co = chunk_offsets if chunk_offsets.dtype == torch.int64 and chunk_offsets.is_contiguous() \
-            else chunk_offsets.to(torch.int64).contiguous()
+        co = _i64(chunk_offsets)
         idx = _i32(state_indices.reshape(-1)) if state_indices is not None else None
-        flags = has_initial_state.reshape(-1).to(torch.bool).contiguous().view(torch.uint8) \
-            if has_initial_state is not None else None
+        flags = _flags(has_initial_state) if has_initial_state is not None else None
         ck_off = _i32(checkpoint_offsets.reshape(-1)) if checkpoint_offsets is not None else None
         ck_idx = _i32(checkpoint_state_indices.reshape(-1)) if checkpoint_state_indices is not None else None
         _req((state_in != 2 and state_out != 2) or (idx is not None and flags is not None),
@@ -253,8 +260,7 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         _req(g_bias.numel() == H * K, f"g_bias must have {H * K} entries")
     cu = _i32(cu_seqlens)
     ci = _i32(chunk_indices)
-    co = chunk_offsets if chunk_offsets.dtype == torch.int64 and chunk_offsets.is_contiguous() \
-        else chunk_offsets.to(torch.int64).contiguous()
+    co = _i64(chunk_offsets)
     N = cu.numel() - 1
     n_chunks = ci.shape[0] if ci.numel() else 0
     _req(ci.numel() == 0 or (ci.dim() == 2 and ci.shape[1] == 2), "chunk_indices must be [num_chunks, 2]")
@@ -272,7 +278,7 @@ def run_fused(lib: HipLibrary, *, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         _req(state_indices is not None and has_initial_state is not None,
              "state_cache needs state_indices and has_initial_state")
         idx = _i32(state_indices)
-        flags = has_initial_state.to(torch.bool).contiguous().view(torch.uint8)
+        flags = _flags(has_initial_state)
         _req(idx.numel() == N and flags.numel() == N, f"state_indices and has_initial_state need {N} entries")
     ck_off = ck_idx = None
     if checkpoint_state is not None or checkpoint_offsets is not None:

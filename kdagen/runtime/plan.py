@@ -24,9 +24,9 @@ Note [Fused plans]
     fused path's own two kernels (kda_prologue.h, kda_recurrence.h) run, as they did before. The HIP kernel
     takes 16-row walk steps, which pay only where the walks fill at least half the GPU
     (triton_path.hip_intra_pays; KDAGEN_FUSED_INTRA=always / never overrides): below that the plan runs the
-    Triton program as the Triton path would. On the H200 the HIP kernel is 24% faster than the Triton
-    kda_intra and the HIP walk 36% faster than the Triton walk (docs/perf-notes.md sections 27, 28 and 30). With no `out` the output goes into v, the fused path's
-    contract (fused_output).
+    Triton program as the Triton path would. On the H200 the HIP kernel takes 24% less time than the Triton
+    kda_intra and the HIP walk 36% less than the Triton walk on 16-row steps (docs/perf-notes.md sections 27, 28
+    and 30). With no `out` the output goes into v, the fused path's contract (fused_output).
 """
 
 from __future__ import annotations
@@ -102,13 +102,13 @@ class KdaPrefillPlan:
             raise ValueError(f"{OP}: tuning {tun} refused on {target}: {why}")
         n_chunks = ci.shape[0]
         self.design = design = chunk_design(b.lower_bound, b.use_qk_l2norm, "intra" if lib is not None else design)
-        # The group count's model counts metadata chunks and was fitted on whole-chunk walks; kda_intra's walk
-        # takes twice the steps at about half the work each (7-9% slower in all, docs/perf-notes.md section 23).
-        # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.
         hip = lib is not None and hip_intra_pays(p.N * p.H, b.device)
         hip_walk = hip and hip_walk_runs(lib.walk_threads > 0)
         if hip_walk and groups is None and env_groups(GROUPS_ENV) is None:
             groups = 1  # kda_walk_kernel walks each sequence whole (the group split is the Triton walk's)
+        # The group count's model counts metadata chunks and was fitted on whole-chunk walks; kda_intra's walk
+        # takes twice the steps at about half the work each (7-9% slower in all, docs/perf-notes.md section 23).
+        # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.
         self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
                                         checkpoints=b.checkpoint_offsets is not None)
         # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.

@@ -330,7 +330,7 @@ def test_intra_inverse_on_correlated_keys(emu):
 def _walk(lib: HipLibrary, K, V, x, ws, *, h0=None, cache=None, cache_idx=None, has_init=None, ckpt=None,
           ck_off=None, ck_idx=None, final=True, odd_out=False):
     """kda_walk_launch on kda_intra's workspace `ws`: a NaN-poisoned output and (dense, `final`) final state.
-    odd_out: the output as a view with an odd token stride (the kernel's 2-byte stores instead of paired ones)."""
+    odd_out: the output as a view of a wider buffer with an odd token stride (a strided `out`)."""
     T, H = x["q"].shape[1], x["q"].shape[2]
     cu = x["cu_seqlens"]
     N = cu.numel() - 1
@@ -382,7 +382,7 @@ def test_walk_matches_reference(emu):
     within("walk output", eo, OUT)
     within("walk final state", es, STATE)
     assert torch.equal(ht[1], h0[1])
-    # An output whose token stride is odd takes the 2-byte stores: the same bits.
+    # `out` as a strided view (odd token stride, 2-byte aligned rows only): the same bits.
     o_odd, _ = _walk(lib, K, V, x, ws, h0=h0, odd_out=True)
     assert o_odd.stride(1) % 2 == 1 and torch.equal(o_odd, o)
 

@@ -47,6 +47,11 @@ class Target:
     # per lane, which costs a workgroup per CU where registers, not LDS, bound it (gfx950: 2 -> 1), so it is on
     # where LDS already allows one workgroup only (gfx942). CUDA's cp.async needs no registers (always on).
     hip_walk_prefetch: bool = True
+    # kda_intra_kernel (templates/hip/include/kda_intra.h) takes this many (walk chunk, head) items per workgroup,
+    # loading each next item's inputs during the current one's products. On AMD the item loop makes the compiler
+    # hoist per-lane masks out of it into SGPR pairs, past the 102 SGPRs (spills to VGPR lanes, which the AOT
+    # budget refuses), so AMD takes one item per workgroup.
+    hip_intra_items: int = 4
 
 
 @dataclass(frozen=True)
@@ -97,13 +102,14 @@ TARGETS: dict[str, Target] = {
     "gfx942": Target(
         name="gfx942", vendor="amd", triton_backend="hip", triton_arch="gfx942", warp_size=64,
         smem_per_block=64 * 1024, hip_v_slice=32, triton_fp32_dot="ieee",
-        hip_mma_layer=2, hip_mma_insn="v_mfma_f32_16x16x16_bf16, wave 64",
+        hip_mma_layer=2, hip_mma_insn="v_mfma_f32_16x16x16_bf16, wave 64", hip_intra_items=1,
         lds_per_cu=64 * 1024, simds_per_cu=4, vgprs_per_simd_lane=512, max_waves_per_simd=8,
     ),
     "gfx950": Target(
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
         smem_per_block=160 * 1024, hip_v_slice=64, triton_fp32_dot="ieee",
         hip_mma_layer=3, hip_mma_insn="v_mfma_f32_16x16x32_bf16, wave 64", hip_walk_prefetch=False,
+        hip_intra_items=1,
         lds_per_cu=160 * 1024, simds_per_cu=4, vgprs_per_simd_lane=512, max_waves_per_simd=8,
     ),
     "sm_90": Target(

@@ -125,7 +125,7 @@ def hip_intra_pays(n_walks: int, device: torch.device) -> bool:
     On the H200 it pays wherever the (sequence, head) walks fill at least half the SMs; fitted with the Triton
     walk (0.85-0.94x the Triton path's time at N x H >= 96, 1.01-1.09x at N x H = 12 or 32 on one sequence, where
     the walk's doubled steps cost more than the kernel saves: docs/perf-notes.md section 28). With kda_walk_kernel
-    the fused plans above it measure 0.69-0.72x (section 30); below it the HIP walk, which has no group split,
+    the fused plans above it measure 0.66-0.69x (section 32); below it the HIP walk, which has no group split,
     would walk long sequences whole, so the rule was kept, not re-fitted. KDAGEN_FUSED_INTRA=always / never
     overrides the rule (tests, A/B runs); without an SM count (no GPU), always."""
     raw = os.environ.get(FUSED_INTRA_ENV, "").strip() or "auto"

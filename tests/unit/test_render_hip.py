@@ -35,6 +35,7 @@ def test_one_source_per_variant_and_target_and_verbatim_headers():
             assert f"constexpr int K = {v.head_dim_k};" in text and f"constexpr int V = {v.head_dim_v};" in text
             assert f"#define KDA_MMA_LAYER_DEFAULT {TARGETS[target].hip_mma_layer}\n" in text
             assert f"#define KDA_WALK_PREFETCH {int(TARGETS[target].hip_walk_prefetch)} " in text
+            assert f"#define INTRA_ITEMS {TARGETS[target].hip_intra_items} " in text
             assert '#include "kda_port.h"' in text and '#include "kda_launch.h"' in text
             # The instantiation holds no kernel code: that is in the verbatim headers.
             assert "__global__" not in text and len(text.splitlines()) < 250

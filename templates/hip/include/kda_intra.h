@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// kda_intra.h: the chunk-parallel half on 16-row walk chunks, one workgroup per (walk chunk, head), its
-// tiles in shared memory (copied verbatim; constants: kda_common.h).
+// kda_intra.h: the chunk-parallel half on 16-row walk chunks, INTRA_ITEMS (walk chunk, head) items per workgroup
+// one after the other, its tiles in shared memory (copied verbatim; constants: kda_common.h).
 //
 // The Triton kernel kda_intra at intra_rows 16 computes the same workspace (docs/design.md sections 1.5 and
-// 3.3a; docs/perf-notes.md sections 26 and 27: the design, its byte count and the measurements). A walk chunk
+// 3.3a; docs/perf-notes.md sections 26, 27 and 32: the design, its byte count and the measurements). A walk chunk
 // is the ISPLIT-th part of a metadata chunk of BT rows. For the bounded gate and L2-normed q, k only (the plan's
 // rule): factors relative to row IREF span at most 8 rows of decay, within bf16's range, and |q|, |k| <= 1.
 //
@@ -27,10 +27,18 @@ constexpr int ITPR = THREADS / IR;      // threads per row in the row layout
 constexpr int IEK = K / ITPR;           // K columns per thread in the row layout
 constexpr int IEV = V / ITPR;           // V columns per thread
 constexpr int IWAVES = THREADS / KDA_WARP;
-// CUDA: resident blocks per SM the register allocation must leave room for (64 registers at 256 threads).
+// CUDA: resident blocks per SM the register allocation must leave room for (80 registers at 256 threads: the item
+// loop spills at four blocks' 64; docs/perf-notes.md section 32).
 #ifndef INTRA_BLOCKS_PER_SM
-#define INTRA_BLOCKS_PER_SM 4
+#define INTRA_BLOCKS_PER_SM 3
 #endif
+// (walk chunk, head) items per workgroup, one after the other: each item's q, k and g are loaded while the
+// previous item's products run, so only the first waits for global memory. The target's Target.hip_intra_items
+// (rendered by the instantiation).
+#ifndef INTRA_ITEMS
+#define INTRA_ITEMS 4
+#endif
+constexpr int IITEMS = INTRA_ITEMS;
 static_assert(BT % IR == 0 && THREADS % IR == 0 && K % ITPR == 0 && V % ITPR == 0, "row layout");
 static_assert(IEK % 4 == 0 && IEV % 4 == 0 && IEK <= 16 && IEV <= 16, "row layout: 8-byte runs at least");
 static_assert(KDA_WARP % ITPR == 0, "a row's threads share one wave (the norms' shuffles)");
@@ -60,6 +68,8 @@ struct IntraArgs {
   kda_bf16 *qg, *w, *kg, *u, *aqk;  // [T, H, K] / [T, H, V] / [T, H, IR]
   float* decay;                      // [walk chunks, H, K]
   int64_t sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h;
+  int n_items;  // walk chunks x H, below 2^31 (set by intra_launch)
+  int vec;      // bit i: projection i (g, q, k, v) takes 16-byte loads (intra_vec; set by intra_launch)
   int H;
   float scale, lower_bound;
 };
@@ -90,20 +100,29 @@ struct alignas(N >= 8 ? 16 : 2 * N) IntraRun { kda_bf16 x[N]; };
 template <int N>
 constexpr int IRUN = N >= 8 ? 8 : N;  // elements per access
 
-// N bf16 from global memory: 8- or 16-byte loads when `vec`, else one by one (strided projections).
 template <int N>
-__device__ __forceinline__ void intra_load(IntraRun<N>& out, const kda_bf16* p, bool vec) {
+struct alignas(N >= 8 ? 16 : 2 * N) IntraWords { uint32_t w[N / 2]; };
+// N bf16 from global memory as N / 2 words (element 2i in the low half of word i), zeros when !valid: 8- or
+// 16-byte loads when `vec`, else one by one (strided projections). Words, not 16-bit lanes: the compiler then
+// neither splits nor merges halves, and a float costs one shift or mask (intra_f).
+template <int N>
+__device__ __forceinline__ void intra_load(IntraWords<N>& out, const kda_bf16* p, bool vec, bool valid) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) out.w[i] = 0u;
+  if (!valid) return;
   if (vec) {
 #pragma unroll
     for (int i = 0; i < N; i += IRUN<N>)
-      *reinterpret_cast<IntraRun<IRUN<N>>*>(&out.x[i]) = *reinterpret_cast<const IntraRun<IRUN<N>>*>(p + i);
+      *reinterpret_cast<IntraWords<IRUN<N>>*>(&out.w[i / 2]) = *reinterpret_cast<const IntraWords<IRUN<N>>*>(p + i);
   } else {
 #pragma unroll
-    for (int e = 0; e < N; ++e) out.x[e] = p[e];
+    for (int e = 0; e < N; e += 2) out.w[e / 2] = (uint32_t)p[e] | ((uint32_t)p[e + 1] << 16);
   }
 }
 template <int N>
-struct alignas(N >= 8 ? 16 : 2 * N) IntraWords { uint32_t w[N / 2]; };
+__device__ __forceinline__ float intra_f(const IntraWords<N>& r, int e) {  // element e as fp32
+  return kda_u2f(e % 2 == 0 ? r.w[e / 2] << 16 : r.w[e / 2] & 0xffff0000u);
+}
 template <int N>
 __device__ __forceinline__ void intra_store(kda_bf16* p, const float* x) {  // p 2N-byte aligned (LDS or global)
 #pragma unroll
@@ -131,8 +150,13 @@ __device__ __forceinline__ void intra_st_f(float* p, const float* x) {
 #pragma unroll
   for (int i = 0; i < N; i += 4) *reinterpret_cast<IntraF4*>(p + i) = *reinterpret_cast<const IntraF4*>(x + i);
 }
-__device__ __forceinline__ bool intra_aligned(const void* p, int64_t s1, int64_t s2, int run) {
+__host__ __device__ __forceinline__ bool intra_aligned(const void* p, int64_t s1, int64_t s2, int run) {
   return ((uintptr_t)p % 16 == 0) && (s1 % run == 0) && (s2 % run == 0);
+}
+// Which projections are read in whole runs (loop-invariant: computed once on the host, not per item).
+inline int intra_vec(const IntraArgs& a) {
+  return intra_aligned(a.g, a.sg_t, a.sg_h, IEK) | intra_aligned(a.q, a.sq_t, a.sq_h, IEK) << 1 |
+         intra_aligned(a.k, a.sk_t, a.sk_h, IEK) << 2 | intra_aligned(a.v, a.sv_t, a.sv_h, 8) << 3;
 }
 
 // T = (I + A)^-1 in fp32, A strictly lower, exact: the two IH-row diagonal blocks by forward substitution at once
@@ -164,9 +188,10 @@ __device__ __forceinline__ void intra_inverse(IntraSmem& s, int lane) {
 #pragma unroll
     for (int e = lane; e < IH * IH; e += 32) {
       const int i = e / IH, j = e % IH;
-      float x = 0.f;
+      float a[IH], x = 0.f;
+      intra_ld_f<IH>(a, &s.A[IH + i][0]);
 #pragma unroll
-      for (int m = 0; m < IH; ++m) x += s.A[IH + i][m] * s.TF[m][j];
+      for (int m = 0; m < IH; ++m) x += a[m] * s.TF[m][j];
       s.TF[i][IH + j] = x;
     }
   }
@@ -182,11 +207,21 @@ __device__ __forceinline__ void intra_inverse(IntraSmem& s, int lane) {
     }
   }
   kda_wave_sync();
+  static_assert(IR == 16 && IH == 8, "TB out: lane l < 32 converts row l / 2, columns 8 (l % 2) + [0, 8)");
   if (lane < 32) {
+    const int i = lane / 2, c = 8 * (lane % 2);
+    float t[8];
+    intra_ld_f<8>(t, &s.TF[i][c]);
+    if (i < IH && c >= IH) {  // T12 = 0: its place in TF holds A21 T11
 #pragma unroll
-    for (int e = lane; e < IR * ILT; e += 32) {
-      const int i = e / ILT, j = e % ILT;
-      s.TB[i][j] = j >= IR || (i < IH && j >= IH) ? (kda_bf16)0 : kda_f32_to_bf16(s.TF[i][j]);
+      for (int e = 0; e < 8; ++e) t[e] = 0.f;
+    }
+    intra_store<8>(&s.TB[i][c], t);
+#pragma unroll
+    for (int z = IR + c; z < IKP; z += 16) {  // the padding columns the products read (IKP > IR)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) t[e] = 0.f;
+      intra_store<8>(&s.TB[i][z], t);
     }
   }
 }
@@ -202,245 +237,275 @@ __device__ __forceinline__ void intra_aqk_out(const IntraSmem& s, const IntraArg
 // beta v into LDS (rows >= L and the padding rows zero), 8 columns per step, threads first, first + stride, ...
 __device__ __forceinline__ void intra_beta_v(IntraSmem& s, const IntraArgs& p, int64_t t0, int L, int h, int first,
                                              int stride) {
-  const bool vec = intra_aligned(p.v, p.sv_t, p.sv_h, 8);
+  const bool vec = p.vec & 8;
   for (int i = first; i < IR * (V / 8); i += stride) {
     const int row = i / (V / 8), col = (i % (V / 8)) * 8;
-    IntraRun<8> vr = {};
-    if (row < L) intra_load<8>(vr, p.v + (t0 + row) * p.sv_t + h * p.sv_h + col, vec);
+    IntraWords<8> vr;
+    intra_load<8>(vr, p.v + (t0 + row) * p.sv_t + h * p.sv_h + col, vec, row < L);
     float vb[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) vb[e] = bf(vr.x[e]) * s.beta[row];
+    for (int e = 0; e < 8; ++e) vb[e] = intra_f(vr, e) * s.beta[row];
     intra_store<8>(&s.r1.VB[row][col], vb);
   }
   for (int i = first; i < (IKP - IR) * ILV; i += stride) s.r1.VB[IR + i / ILV][i % ILV] = 0;
 }
 
+// Item n is walk chunk n / H of head n % H; L <= 0 for a walk chunk past its sequence's end (nothing to write).
+struct IntraItem {
+  int64_t t0;
+  int i_s, h, L;
+};
+// This thread's share of an item's inputs in the row layout (row r, columns c0 ...), zeros past the end.
+struct IntraIn {
+  IntraWords<IEK> q, k, z;
+  kda_bf16 beta;
+};
+__device__ __forceinline__ void intra_fetch(const IntraArgs& p, int n, int r, int c0, IntraItem& it, IntraIn& in) {
+  it.h = n % p.H;
+  it.i_s = n / p.H;
+  const int ic = it.i_s / ISPLIT, part = it.i_s % ISPLIT;
+  const int64_t i_n = p.chunk_indices[2 * ic], i_t = p.chunk_indices[2 * ic + 1];
+  const int64_t eos = p.cu_seqlens[i_n + 1];
+  it.t0 = p.cu_seqlens[i_n] + i_t * BT + part * IR;
+  it.L = eos - it.t0 < IR ? (int)(eos - it.t0) : IR;
+  const bool valid = r < it.L;
+  const int64_t tok = it.t0 + r;
+  const int h = it.h;
+  intra_load<IEK>(in.z, p.g + tok * p.sg_t + h * p.sg_h + c0, p.vec & 1, valid);
+  intra_load<IEK>(in.q, p.q + tok * p.sq_t + h * p.sq_h + c0, p.vec & 2, valid);
+  intra_load<IEK>(in.k, p.k + tok * p.sk_t + h * p.sk_h + c0, p.vec & 4, valid);
+  in.beta = valid ? p.beta[tok * p.sb_t + h * p.sb_h] : (kda_bf16)0;
+}
+
 __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_kernel(IntraArgs p) {
   KDA_SMEM(IntraSmem, s);
   const int tid = threadIdx.x;
-  const int64_t i_s = blockIdx.x;
-  const int h = blockIdx.y;
-  const int64_t ic = i_s / ISPLIT;
-  const int part = (int)(i_s % ISPLIT);
-  const int64_t i_n = p.chunk_indices[2 * ic], i_t = p.chunk_indices[2 * ic + 1];
-  const int64_t eos = p.cu_seqlens[i_n + 1];
-  const int64_t t0 = p.cu_seqlens[i_n] + i_t * BT + part * IR;
-  if (eos - t0 <= 0) return;  // a walk chunk past its sequence's end (the whole block): nothing to write
-  const int L = eos - t0 < IR ? (int)(eos - t0) : IR;
-
-  // ---- 1: the gate, row layout ---------------------------------------------------------------------
   const int r = tid / ITPR, c0 = (tid % ITPR) * IEK, cv0 = (tid % ITPR) * IEV;
-  const bool valid = r < L;
-  const int64_t tok = t0 + r;
-  const float a_h = kda_exp(p.A_log[h]);
-  const float cexp = -a_h * RCP_LN2, lb = p.lower_bound * RCP_LN2;
-  IntraRun<IEK> qr = {}, kr = {}, zr = {};  // (v: phase 4)
-  if (valid) {
-    intra_load<IEK>(zr, p.g + tok * p.sg_t + h * p.sg_h + c0, intra_aligned(p.g, p.sg_t, p.sg_h, IEK));
-    intra_load<IEK>(qr, p.q + tok * p.sq_t + h * p.sq_h + c0, intra_aligned(p.q, p.sq_t, p.sq_h, IEK));
-    intra_load<IEK>(kr, p.k + tok * p.sk_t + h * p.sk_h + c0, intra_aligned(p.k, p.sk_t, p.sk_h, IEK));
-  }
-  const float beta = valid ? kda_sigmoid(bf(p.beta[tok * p.sb_t + h * p.sb_h])) : 0.f;
-  {
-    float ga[IEK], bias[IEK];
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) bias[e] = 0.f;
-    if (p.g_bias) intra_ld_f<IEK>(bias, p.g_bias + h * K + c0);  // torch's allocation: 16-byte aligned
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) {
-      // lower_bound * sigmoid(a (z + bias)) / ln 2 as one exp2 and one division (the Triton kernels' form)
-      ga[e] = valid ? kda_fast_div(lb, 1.f + kda_exp2(bf(zr.x[e]) * cexp + bias[e] * cexp)) : 0.f;
-    }
-    intra_st_f<IEK>(&s.r1.G[r][c0], ga);
-  }
 #if KDA_MMA_LAYER != KDA_LAYER_FMA
   if (IKP > IR) {  // the zero rows of the T products' B tile (KW is written only in rows < IR)
     for (int i = tid; i < (IKP - IR) * ILK; i += THREADS) s.KW[IR + i / ILK][i % ILK] = 0;
   }
 #endif
-  __syncthreads();
-
-  // ---- 2: cumulative sum of each column over the 16 rows: ISCAN adjacent lanes per column, IR / ISCAN rows
-  // each, their offsets by a butterfly over those lanes ------------------------------------------------
-  {
-    const int c = tid / ISCAN, part = tid % ISCAN, r0 = part * (IR / ISCAN);
-    float x[IR / ISCAN], tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < IR / ISCAN; ++i) {
-      tot += s.r1.G[r0 + i][c];
-      x[i] = tot;
+  const int first = (int)blockIdx.x * IITEMS;
+  const int end = first + IITEMS < p.n_items ? first + IITEMS : p.n_items;
+  IntraItem next;
+  IntraIn in;
+  if (first < end) intra_fetch(p, first, r, c0, next, in);
+  // One item per workgroup: a trip count the compiler sees is 1 (a runtime one keeps per-lane values live across
+  // the loop, twice the VGPRs on AMD). The grid gives every workgroup at least one item.
+  const int last = IITEMS == 1 ? first + 1 : end;
+  for (int n = first; n < last; ++n) {
+    const IntraItem it = next;
+    if (it.L <= 0) {  // (the whole block)
+      if (IITEMS > 1 && n + 1 < end) intra_fetch(p, n + 1, r, c0, next, in);
+      continue;
     }
-    float pre = 0.f;
-#pragma unroll
-    for (int d = 1; d < ISCAN; d <<= 1) {
-      const float other = kda_shfl_xor(tot, d);
-      if (part & d) pre += other;
-      tot += other;
-    }
-#pragma unroll
-    for (int i = 0; i < IR / ISCAN; ++i) s.r1.G[r0 + i][c] = x[i] + pre;
-  }
-  __syncthreads();
+    const int64_t t0 = it.t0, i_s = it.i_s;
+    const int h = it.h, L = it.L;
 
-  // ---- 3: norms, factors; qg, kg, decay out; operand tiles in ---------------------------------------
-  {
-    float qv[IEK], kv[IEK];
+    // ---- 1: the gate, row layout ---------------------------------------------------------------------
+    const bool valid = r < L;
+    const int64_t tok = t0 + r;
+    const float a_h = kda_exp(p.A_log[h]);
+    // Rows past the end get the gate 0 (lb 0), so that row IR - 1's cumulative sum is the last valid row's; the
+    // factor is computed on every row, a branch per element would cost more than it saves.
+    const float cexp = -a_h * RCP_LN2, lb = valid ? p.lower_bound * RCP_LN2 : 0.f;
+    const IntraWords<IEK> qr = in.q, kr = in.k, zr = in.z;  // (v: phase 4)
+    const float beta = valid ? kda_sigmoid(bf(in.beta)) : 0.f;
+    {
+      float ga[IEK], bias[IEK];
 #pragma unroll
-    for (int e = 0; e < IEK; ++e) { qv[e] = bf(qr.x[e]); kv[e] = bf(kr.x[e]); }
-    float sq = 0.f, sk = 0.f;
+      for (int e = 0; e < IEK; ++e) bias[e] = 0.f;
+      if (p.g_bias) intra_ld_f<IEK>(bias, p.g_bias + h * K + c0);  // torch's allocation: 16-byte aligned
 #pragma unroll
-    for (int e = 0; e < IEK; ++e) { sq += qv[e] * qv[e]; sk += kv[e] * kv[e]; }
-#pragma unroll
-    for (int m = 1; m < ITPR; m <<= 1) { sq += kda_shfl_xor(sq, m); sk += kda_shfl_xor(sk, m); }
-    const float rq = kda_rsqrt(sq + 1e-6f), rk = kda_rsqrt(sk + 1e-6f);
-    // Each product goes to its destination as soon as it is formed (fewer live registers).
-    float G[IEK], D[IEK], T[IEK], X[IEK];
-    intra_ld_f<IEK>(G, &s.r1.G[r][c0]);
-    intra_ld_f<IEK>(T, &s.r1.G[IREF][c0]);
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) D[e] = G[e] - T[e];  // G - G_ref
-    intra_ld_f<IEK>(T, &s.r1.G[IR - 1][c0]);          // G_last
-    const int64_t o = (tok * p.H + h) * K + c0;
-    if (r == 0) {
-#pragma unroll
-      for (int e = 0; e < IEK; ++e) X[e] = kda_exp2(T[e]);
-      intra_st_f<IEK>(p.decay + (i_s * p.H + h) * K + c0, X);
+      for (int e = 0; e < IEK; ++e) {
+        // lower_bound * sigmoid(a (z + bias)) / ln 2 as one exp2 and one division (the Triton kernels' form)
+        ga[e] = kda_fast_div(lb, 1.f + kda_exp2(intra_f(zr, e) * cexp + bias[e] * cexp));
+      }
+      intra_st_f<IEK>(&s.r1.G[r][c0], ga);
     }
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) X[e] = kv[e] * rk * kda_exp2(T[e] - G[e]);
-    if (valid) intra_store<IEK>(p.kg + o, X);
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) G[e] = kda_exp2(G[e]);  // exp2(G)
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) X[e] = qv[e] * rq * G[e];
-    if (valid) intra_store<IEK>(p.qg + o, X);
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) X[e] = kv[e] * rk * (G[e] * beta);
-    intra_store<IEK>(&s.KW[r][c0], X);
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) X[e] = kv[e] * rk * kda_exp2(-D[e]);
-    intra_store<IEK>(&s.r2.op.KD[r][c0], X);
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) D[e] = kda_exp2(D[e]);  // exp2(G - G_ref)
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) X[e] = qv[e] * rq * D[e];
-    intra_store<IEK>(&s.r2.op.QU[r][c0], X);
-#pragma unroll
-    for (int e = 0; e < IEK; ++e) X[e] = kv[e] * rk * D[e];
-    intra_store<IEK>(&s.r2.op.KU[r][c0], X);
-    if (tid % ITPR == 0) s.beta[r] = beta;
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // ---- 4: Aqk and Akk, T = (I + A)^-1, beta v ------------------------------------------------------
-  // Matrix layer: wave 0 forms Aqk and stores aqk; wave 1 forms Akk and inverts I + A right away (a wave-level
-  // sync between them); the other waves bring beta v into LDS meanwhile. FMA fallback: the same, one step
-  // after the other on all threads.
+    // ---- 2: cumulative sum of each column over the 16 rows: ISCAN adjacent lanes per column, IR / ISCAN rows
+    // each, their offsets by a butterfly over those lanes ------------------------------------------------
+    {
+      const int c = tid / ISCAN, part = tid % ISCAN, r0 = part * (IR / ISCAN);
+      float x[IR / ISCAN], tot = 0.f;
+#pragma unroll
+      for (int i = 0; i < IR / ISCAN; ++i) {
+        tot += s.r1.G[r0 + i][c];
+        x[i] = tot;
+      }
+      float pre = 0.f;
+#pragma unroll
+      for (int d = 1; d < ISCAN; d <<= 1) {
+        const float other = kda_shfl_xor(tot, d);
+        if (part & d) pre += other;
+        tot += other;
+      }
+#pragma unroll
+      for (int i = 0; i < IR / ISCAN; ++i) s.r1.G[r0 + i][c] = x[i] + pre;
+    }
+    __syncthreads();
+
+    // ---- 3: norms, factors; qg, kg, decay out; operand tiles in ---------------------------------------
+    {
+      // q and k stay packed (half the registers); each use widens its element again, one instruction.
+      float sq = 0.f, sk = 0.f;
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) {
+        const float qe = intra_f(qr, e), ke = intra_f(kr, e);
+        sq += qe * qe;
+        sk += ke * ke;
+      }
+#pragma unroll
+      for (int m = 1; m < ITPR; m <<= 1) { sq += kda_shfl_xor(sq, m); sk += kda_shfl_xor(sk, m); }
+      const float rq = kda_rsqrt(sq + 1e-6f), rk = kda_rsqrt(sk + 1e-6f);
+      // Each product goes to its destination as soon as it is formed (fewer live registers).
+      float G[IEK], D[IEK], T[IEK], X[IEK];
+      intra_ld_f<IEK>(G, &s.r1.G[r][c0]);
+      intra_ld_f<IEK>(T, &s.r1.G[IREF][c0]);
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) D[e] = G[e] - T[e];  // G - G_ref
+      intra_ld_f<IEK>(T, &s.r1.G[IR - 1][c0]);          // G_last
+      const int64_t o = (tok * p.H + h) * K + c0;
+      if (r == 0) {
+#pragma unroll
+        for (int e = 0; e < IEK; ++e) X[e] = kda_exp2(T[e]);
+        intra_st_f<IEK>(p.decay + (i_s * p.H + h) * K + c0, X);
+      }
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) X[e] = intra_f(kr, e) * rk * kda_exp2(T[e] - G[e]);
+      if (valid) intra_store<IEK>(p.kg + o, X);
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) G[e] = kda_exp2(G[e]);  // exp2(G)
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) X[e] = intra_f(qr, e) * rq * G[e];
+      if (valid) intra_store<IEK>(p.qg + o, X);
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) X[e] = intra_f(kr, e) * rk * (G[e] * beta);
+      intra_store<IEK>(&s.KW[r][c0], X);
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) X[e] = intra_f(kr, e) * rk * kda_exp2(-D[e]);
+      intra_store<IEK>(&s.r2.op.KD[r][c0], X);
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) D[e] = kda_exp2(D[e]);  // exp2(G - G_ref)
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) X[e] = intra_f(qr, e) * rq * D[e];
+      intra_store<IEK>(&s.r2.op.QU[r][c0], X);
+#pragma unroll
+      for (int e = 0; e < IEK; ++e) X[e] = intra_f(kr, e) * rk * D[e];
+      intra_store<IEK>(&s.r2.op.KU[r][c0], X);
+      if (tid % ITPR == 0) s.beta[r] = beta;
+    }
+    // The next item's inputs, in flight during this item's products.
+    if (IITEMS > 1 && n + 1 < end) intra_fetch(p, n + 1, r, c0, next, in);
+    __syncthreads();
+
+    // ---- 4: Aqk and Akk, T = (I + A)^-1, beta v ------------------------------------------------------
+    // Matrix layer: wave 0 forms Aqk and stores aqk; wave 1 forms Akk and inverts I + A right away (a wave-level
+    // sync between them); the other waves bring beta v into LDS meanwhile. FMA fallback: the same, one step
+    // after the other on all threads.
 #if KDA_MMA_LAYER != KDA_LAYER_FMA
-  {
-    const int wave = tid / KDA_WARP, lane = tid % KDA_WARP;
-    if (wave < 2) {
-      const kda_bf16* A = wave == 0 ? &s.r2.op.QU[0][0] : &s.r2.op.KU[0][0];
-      kda_frag_c c, c1;  // two accumulators: two independent chains of matrix instructions
-      kda_frag_zero(c);
-      kda_frag_zero(c1);
-      static_assert(K % (2 * KDA_MMA_K) == 0, "Aqk / Akk reduction in pairs of steps");
+    {
+      const int wave = tid / KDA_WARP, lane = tid % KDA_WARP;
+      if (wave < 2) {
+        const kda_bf16* A = wave == 0 ? &s.r2.op.QU[0][0] : &s.r2.op.KU[0][0];
+        kda_frag_c c;
+        kda_frag_zero(c);
 #pragma unroll
-      for (int kk = 0; kk < K; kk += 2 * KDA_MMA_K) {
-        kda_frag_a a, a1;
-        kda_frag_b b, b1;
-        kda_load_a<ILK, 1>(a, A + kk);
-        kda_load_b<1, ILK>(b, &s.r2.op.KD[0][0] + kk);  // B[k][n] = KD[n][kk + k]
-        kda_load_a<ILK, 1>(a1, A + kk + KDA_MMA_K);
-        kda_load_b<1, ILK>(b1, &s.r2.op.KD[0][0] + kk + KDA_MMA_K);
-        kda_mma16(c, a, b);
-        kda_mma16(c1, a1, b1);
+        for (int kk = 0; kk < K; kk += KDA_MMA_K) {
+          kda_frag_a a;
+          kda_frag_b b;
+          kda_load_a_lds<ILK>(a, A + kk);
+          kda_load_b_lds<1, ILK>(b, &s.r2.op.KD[0][0] + kk);  // B[k][n] = KD[n][kk + k]
+          kda_mma16(c, a, b);
+        }
+        // Entries above the diagonal may overflow; a select discards them, nothing multiplies them.
+#pragma unroll
+        for (int e = 0; e < KDA_C_ELEMS; ++e) {
+          const int i = kda_c_row(e), j = kda_c_col(e);
+          if (wave == 0) s.AQ[i][j] = kda_f32_to_bf16(i >= j ? c.x[e] * p.scale : 0.f);
+          else s.A[i][j] = i > j ? c.x[e] * s.beta[i] : 0.f;
+        }
+        kda_wave_sync();
+        if (wave == 0) intra_aqk_out(s, p, t0, L, h, lane);
+        else intra_inverse(s, lane);
+      } else {
+        intra_beta_v(s, p, t0, L, h, tid - 2 * KDA_WARP, THREADS - 2 * KDA_WARP);
       }
-#pragma unroll
-      for (int e = 0; e < KDA_C_ELEMS; ++e) c.x[e] += c1.x[e];
-      // Entries above the diagonal may overflow; a select discards them, nothing multiplies them.
-#pragma unroll
-      for (int e = 0; e < KDA_C_ELEMS; ++e) {
-        const int i = kda_c_row(e), j = kda_c_col(e);
-        if (wave == 0) s.AQ[i][j] = kda_f32_to_bf16(i >= j ? c.x[e] * p.scale : 0.f);
-        else s.A[i][j] = i > j ? c.x[e] * s.beta[i] : 0.f;
-      }
-      kda_wave_sync();
-      if (wave == 0) intra_aqk_out(s, p, t0, L, h, lane);
-      else intra_inverse(s, lane);
-    } else {
-      intra_beta_v(s, p, t0, L, h, tid - 2 * KDA_WARP, THREADS - 2 * KDA_WARP);
     }
-  }
 #else
-  {
-    const int i = tid / IR, j = tid % IR;
-    if (tid < IR * IR) {
-      float aq = 0.f, ak = 0.f;
-      for (int c = 0; c < K; ++c) {
-        const float kd = bf(s.r2.op.KD[j][c]);
-        aq += bf(s.r2.op.QU[i][c]) * kd;
-        ak += bf(s.r2.op.KU[i][c]) * kd;
+    {
+      const int i = tid / IR, j = tid % IR;
+      if (tid < IR * IR) {
+        float aq = 0.f, ak = 0.f;
+        for (int c = 0; c < K; ++c) {
+          const float kd = bf(s.r2.op.KD[j][c]);
+          aq += bf(s.r2.op.QU[i][c]) * kd;
+          ak += bf(s.r2.op.KU[i][c]) * kd;
+        }
+        s.AQ[i][j] = kda_f32_to_bf16(i >= j ? aq * p.scale : 0.f);
+        s.A[i][j] = i > j ? ak * s.beta[i] : 0.f;
       }
-      s.AQ[i][j] = kda_f32_to_bf16(i >= j ? aq * p.scale : 0.f);
-      s.A[i][j] = i > j ? ak * s.beta[i] : 0.f;
+      intra_beta_v(s, p, t0, L, h, tid, THREADS);
     }
-    intra_beta_v(s, p, t0, L, h, tid, THREADS);
-  }
-  __syncthreads();
-  intra_aqk_out(s, p, t0, L, h, tid);
-  intra_inverse(s, tid);  // (its wave syncs: each wave of the block calls them)
+    __syncthreads();
+    intra_aqk_out(s, p, t0, L, h, tid);
+    intra_inverse(s, tid);  // (its wave syncs: each wave of the block calls them)
 #endif
-  __syncthreads();
+    __syncthreads();
 
-  // ---- 5: w = T KW and u = T VB, 16 columns per tile ------------------------------------------------
+    // ---- 5: w = T KW and u = T VB, 16 columns per tile ------------------------------------------------
 #if KDA_MMA_LAYER != KDA_LAYER_FMA
-  {
-    const int wave = tid / KDA_WARP;
-    constexpr int NW = K / 16, NU = V / 16;
-    for (int tile = wave; tile < NW + NU; tile += IWAVES) {
-      const bool is_w = tile < NW;
-      const int n0 = (is_w ? tile : tile - NW) * 16;
-      kda_frag_c c;
-      kda_frag_zero(c);
+    {
+      const int wave = tid / KDA_WARP;
+      constexpr int NW = K / 16, NU = V / 16;
+      for (int tile = wave; tile < NW + NU; tile += IWAVES) {
+        const bool is_w = tile < NW;
+        const int n0 = (is_w ? tile : tile - NW) * 16;
+        kda_frag_c c;
+        kda_frag_zero(c);
 #pragma unroll
-      for (int kk = 0; kk < IKP; kk += KDA_MMA_K) {
-        kda_frag_a a;
-        kda_frag_b b;
-        kda_load_a<ILT, 1>(a, &s.TB[0][0] + kk);
-        if (is_w) kda_load_b<ILK, 1>(b, &s.KW[kk][n0]);  // B[k][n] = KW[kk + k][n0 + n]
-        else kda_load_b<ILV, 1>(b, &s.r1.VB[kk][n0]);
-        kda_mma16(c, a, b);
-      }
-      kda_bf16* dst = is_w ? &s.r2.out.W[0][n0] : &s.r2.out.U[0][n0];
-      const int ld = is_w ? ILK : ILV;
+        for (int kk = 0; kk < IKP; kk += KDA_MMA_K) {
+          kda_frag_a a;
+          kda_frag_b b;
+          kda_load_a_lds<ILT>(a, &s.TB[0][0] + kk);
+          if (is_w) kda_load_b_lds<ILK, 1>(b, &s.KW[kk][n0]);  // B[k][n] = KW[kk + k][n0 + n]
+          else kda_load_b_lds<ILV, 1>(b, &s.r1.VB[kk][n0]);
+          kda_mma16(c, a, b);
+        }
+        kda_bf16* dst = is_w ? &s.r2.out.W[0][n0] : &s.r2.out.U[0][n0];
+        const int ld = is_w ? ILK : ILV;
 #if KDA_C_PAIRED
 #pragma unroll
-      for (int e = 0; e < KDA_C_ELEMS; e += 2)  // (row, col) and (row, col + 1), col even: one 32-bit store
-        *reinterpret_cast<uint32_t*>(dst + kda_c_row(e) * ld + kda_c_col(e)) = kda_f32x2_to_bf16x2(c.x[e], c.x[e + 1]);
+        for (int e = 0; e < KDA_C_ELEMS; e += 2)  // (row, col) and (row, col + 1), col even: one 32-bit store
+          *reinterpret_cast<uint32_t*>(dst + kda_c_row(e) * ld + kda_c_col(e)) =
+              kda_f32x2_to_bf16x2(c.x[e], c.x[e + 1]);
 #else
 #pragma unroll
-      for (int e = 0; e < KDA_C_ELEMS; ++e) dst[kda_c_row(e) * ld + kda_c_col(e)] = kda_f32_to_bf16(c.x[e]);
+        for (int e = 0; e < KDA_C_ELEMS; ++e) dst[kda_c_row(e) * ld + kda_c_col(e)] = kda_f32_to_bf16(c.x[e]);
 #endif
+      }
     }
-  }
 #else
-  for (int idx = tid; idx < IR * (K + V); idx += THREADS) {
-    const int i = idx / (K + V), col = idx % (K + V);
-    float acc = 0.f;
-    for (int m = 0; m < IR; ++m)
-      acc += bf(s.TB[i][m]) * (col < K ? bf(s.KW[m][col]) : bf(s.r1.VB[m][col - K]));
-    if (col < K) s.r2.out.W[i][col] = kda_f32_to_bf16(acc);
-    else s.r2.out.U[i][col - K] = kda_f32_to_bf16(acc);
-  }
+    for (int idx = tid; idx < IR * (K + V); idx += THREADS) {
+      const int i = idx / (K + V), col = idx % (K + V);
+      float acc = 0.f;
+      for (int m = 0; m < IR; ++m)
+        acc += bf(s.TB[i][m]) * (col < K ? bf(s.KW[m][col]) : bf(s.r1.VB[m][col - K]));
+      if (col < K) s.r2.out.W[i][col] = kda_f32_to_bf16(acc);
+      else s.r2.out.U[i][col - K] = kda_f32_to_bf16(acc);
+    }
 #endif
-  __syncthreads();
+    __syncthreads();
 
-  // ---- 6: w and u out --------------------------------------------------------------------------------
-  if (valid) {
-    intra_copy<IEK>(p.w + (tok * p.H + h) * K + c0, &s.r2.out.W[r][c0]);
-    intra_copy<IEV>(p.u + (tok * p.H + h) * V + cv0, &s.r2.out.U[r][cv0]);
-  }
+    // ---- 6: w and u out --------------------------------------------------------------------------------
+    if (valid) {
+      intra_copy<IEK>(p.w + (tok * p.H + h) * K + c0, &s.r2.out.W[r][c0]);
+      intra_copy<IEV>(p.u + (tok * p.H + h) * V + cv0, &s.r2.out.U[r][cv0]);
+    }
+  }  // items
 }
 
 }  // namespace kda

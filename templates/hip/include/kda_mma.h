@@ -8,6 +8,7 @@
 //   kda_load_a<SM, SK>(a, p)               A[m][k] = p[m * SM + k * SK]    (m < 16, k < KDA_MMA_K)
 //   kda_load_b<SK, SN>(b, p)               B[k][n] = p[k * SK + n * SN]    (k < KDA_MMA_K, n < 16)
 //   kda_load_a_rows(a, p, sm, rows)        A[m][k] = m < rows ? p[m * sm + k] : 0   (runtime row stride)
+//   kda_load_a_lds<SM>, kda_load_b_lds<SK, SN>   the same from 16-byte aligned LDS rows (ldmatrix on sm_90)
 //   kda_frag_zero(c); c.x[i], i < KDA_C_ELEMS, holds C[kda_c_row(i)][kda_c_col(i)]
 //   kda_mma16(c, a, b)                     c += a * b (fp32 accumulation of exact bf16 products)
 //
@@ -337,6 +338,37 @@ __device__ __forceinline__ void kda_load_oth(kda_frag_oth& b, const kda_bf16* p)
 #pragma unroll
     for (int i = 0; i < KDA_OO_ELEMS; ++i) b.x[i] = p[kda_oth_y(i) * SY + kda_oth_k(i) * SK];
   }
+}
+
+// kda_load_a<SM, 1> and kda_load_b from shared memory whose 8-element row runs start 16-byte aligned (A's
+// rows; B's n rows when SK == 1, its k rows when SN == 1; offsets multiples of 8 elements): one ldmatrix.x4
+// per fragment on sm_90, where B is exactly an `oth` fragment with y = n. The general loads elsewhere.
+template <int SM>
+__device__ __forceinline__ void kda_load_a_lds(kda_frag_a& a, const kda_bf16* p) {
+#if KDA_MMA_LAYER == KDA_LAYER_SM90_MMA && !defined(KDA_MMA_EMULATED)
+  // Register j of A (elements 2j, 2j + 1) is 8 x 8 matrix j: rows 8 (j & 1) + g, k 8 (j >> 1) + 2t.
+  const int l = kda_mma_lane(), m = l >> 3;
+  const unsigned addr = (unsigned)__cvta_generic_to_shared(p + (8 * (m & 1) + (l & 7)) * SM + 8 * (m >> 1));
+  uint32_t d[4];
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(addr));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    a.x[2 * j] = (kda_bf16)(d[j] & 0xffffu);
+    a.x[2 * j + 1] = (kda_bf16)(d[j] >> 16);
+  }
+#else
+  kda_load_a<SM, 1>(a, p);
+#endif
+}
+template <int SK, int SN>
+__device__ __forceinline__ void kda_load_b_lds(kda_frag_b& b, const kda_bf16* p) {
+  static_assert(SK == 1 || SN == 1, "one contiguous direction");
+#if KDA_MMA_LAYER == KDA_LAYER_SM90_MMA && !defined(KDA_MMA_EMULATED)
+  kda_load_oth<SN, SK>(b, p);
+#else
+  kda_load_b<SK, SN>(b, p);
+#endif
 }
 
 __device__ __forceinline__ void kda_mma_oo(kda_frag_c& c, const kda_frag_own& a, const kda_frag_oth& b) {

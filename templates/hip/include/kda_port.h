@@ -27,10 +27,20 @@ typedef cudaError_t kdaError_t;
 #define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 // ... and at least `blocks` resident blocks per SM (registers capped to fit); AMD keeps its waves-per-SIMD floor.
 #define KDA_LAUNCH_BOUNDS_SM(n, blocks) __launch_bounds__(n, blocks)
-__device__ __forceinline__ float kda_exp2(float x) { return exp2f(x); }
+// exp2 and 1/sqrt as the bare special-function instructions: results below 2^-126 flush to zero, which no
+// kernel here can tell from a denormal (they scale bounded values), and exp2f's denormal guard costs four
+// instructions per call.
+__device__ __forceinline__ float kda_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float kda_rsqrt(float x) {
+  float r;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 __device__ __forceinline__ float kda_log(float x) { return __logf(x); }
-__device__ __forceinline__ float kda_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ float kda_exp(float x) { return exp2f(x * 1.4426950408889634f); }
 __device__ __forceinline__ uint32_t kda_f2u(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ float kda_u2f(uint32_t x) { return __uint_as_float(x); }
 __device__ __forceinline__ float kda_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -112,10 +122,10 @@ typedef hipError_t kdaError_t;
 #define KDA_WARP 64
 // LDS is static on AMD so that the code object's group segment shows the real figure.
 #define KDA_DYNAMIC_SMEM 0
-__device__ __forceinline__ float kda_exp2(float x) { return __builtin_exp2f(x); }
+// v_exp_f32 and v_rsq_f32 without the library's denormal range scaling (see the CUDA side).
+__device__ __forceinline__ float kda_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
+__device__ __forceinline__ float kda_rsqrt(float x) { return __builtin_amdgcn_rsqf(x); }
 __device__ __forceinline__ float kda_log(float x) { return __builtin_logf(x); }
-__device__ __forceinline__ float kda_sqrt(float x) { return __builtin_sqrtf(x); }
-__device__ __forceinline__ float kda_exp(float x) { return __builtin_exp2f(x * 1.4426950408889634f); }
 __device__ __forceinline__ uint32_t kda_f2u(float x) { return __builtin_bit_cast(uint32_t, x); }
 __device__ __forceinline__ float kda_u2f(uint32_t x) { return __builtin_bit_cast(float, x); }
 __device__ __forceinline__ float kda_fast_div(float a, float b) { return a * __builtin_amdgcn_rcpf(b); }
@@ -178,8 +188,9 @@ __device__ __forceinline__ uint32_t kda_f32x2_to_bf16x2(float lo, float hi) {
   return (uint32_t)kda_f32_to_bf16(lo) | ((uint32_t)kda_f32_to_bf16(hi) << 16);
 #endif
 }
-__device__ __forceinline__ float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
-__device__ __forceinline__ float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }
+__device__ __forceinline__ float kda_exp(float x) { return kda_exp2(x * 1.4426950408889634f); }
+// 1 / (1 + inf) is 0 here too: the fast division returns 0 for a divisor past 2^126.
+__device__ __forceinline__ float kda_sigmoid(float x) { return kda_fast_div(1.0f, 1.0f + kda_exp(-x)); }
 
 // The per-target matrix layer (kda_mma.h; KDA_MMA_LAYER, default from the kernel source's target).
 #include "kda_mma.h"

@@ -27,11 +27,13 @@ QUICK_NUMERICS = (
     "tests/interp/test_triton_numerics.py::test_state_cache_gather_run_scatter_in_place",
     "tests/interp/test_triton_numerics.py::test_group_scan_matches_reference[2]",
 )
-GENERATOR_DEPS = ("jinja2", "pyyaml")
+GENERATOR_DEPS = ("jinja2", "pyyaml")  # pyproject's `generate` extra: the runtime never imports them
 
 
 def _install(session: nox.Session, *extras: str, pins: tuple[str, ...] = PINS) -> None:
     """Install the pinned stack and kdagen (editable, so kdagen_kernels is importable) in one resolve.
+
+    The test sessions take the `generate` extra too: the spec and render tests load specs and templates.
 
     Skipped without a venv (`--no-venv` or venv_backend="none"): then the current environment is
     used as it is, e.g. on a GPU machine whose CUDA torch must not be replaced.
@@ -66,7 +68,7 @@ def check(session: nox.Session) -> None:
 @nox.session
 def quick(session: nox.Session) -> None:
     """Unit tests and a few interpreter numerics (under two minutes on two cores)."""
-    _install(session, "test")
+    _install(session, "test", "generate")
     _pytest(session, "tests/unit", *QUICK_NUMERICS, interpret=True)
 
 
@@ -77,7 +79,7 @@ def tests(session: nox.Session) -> None:
     tests/e2e spawns processes, tests/build runs g++ (the HIP emulation, fake libraries); both under
     TRITON_INTERPRET=1 with the unit and interpreter tests. tests/aot needs the real Triton compiler.
     """
-    _install(session, "test")
+    _install(session, "test", "generate")
     _pytest(session, "tests/unit", "tests/interp", "tests/e2e", "tests/build", interpret=True)
     _pytest(session, "tests/aot", interpret=False)
 
@@ -89,7 +91,7 @@ def tests_triton_edge(session: nox.Session, triton: str) -> None:
     triton: what their interpreter patches (kdagen/runtime/interpreter_compat.py) must keep working. The
     whole numerics suite runs once, in `tests` (the pinned triton); repeating it here cost CI about 5 of its
     30 minutes."""
-    _install(session, "test", pins=(TORCH, f"triton=={triton}"))
+    _install(session, "test", "generate", pins=(TORCH, f"triton=={triton}"))
     _pytest(session, *QUICK_NUMERICS, "tests/interp/test_metadata.py", interpret=True)
 
 
@@ -106,7 +108,7 @@ def gpu(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """Regenerate, then run the demo."""
-    _install(session)
+    _install(session, "generate")
     session.run("python", "-m", "kdagen", "generate")
     session.run("python", "-m", "kdagen", "demo", *session.posargs)
 

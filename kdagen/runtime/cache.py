@@ -10,6 +10,9 @@ Note [Cache layout]
 An entry is trusted only when its manifest matches the key and every file's size and sha256. A corrupt
 or half-written entry is moved aside and rebuilt, never loaded. A build that dies half-way leaves only
 a staging folder (never looked at again) and its lock is released by the OS.
+Before any of that, every path from the root down to the entry's files must pass Note [Trusted cache
+paths] (cache_trust.py); one that fails is never loaded. A hit writes nothing, so a read-only cache that
+holds the entry is used as it is; a miss that cannot write falls back to a private temp dir.
 The key is computed by the caller (see Note [HIP cache key] in jit_hip.py).
 """
 
@@ -22,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -30,13 +34,17 @@ from pathlib import Path
 
 import kdagen
 
+from .build_settings import build_settings
+from .cache_trust import first_untrusted
+
 log = logging.getLogger("kdagen")
 
 MANIFEST = "manifest.json"
 STAGING = ".staging"
-DEFAULT_LOCK_TIMEOUT_S = 900.0
+DIR_MODE = 0o755  # never group/other-writable whatever the umask: see Note [Trusted cache paths]
 
 _fallback_root: Path | None = None
+_warned: set[str] = set()
 
 
 class CacheError(RuntimeError):
@@ -44,26 +52,37 @@ class CacheError(RuntimeError):
 
 
 def configured_root() -> Path:
-    """${KDAGEN_CACHE_DIR:-~/.cache/kdagen} (not created)."""
-    env = os.environ.get("KDAGEN_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kdagen"
+    """${KDAGEN_CACHE_DIR:-~/.cache/kdagen} as read once per process (not created)."""
+    return build_settings().cache_dir
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+def _make_dirs(root: Path, path: Path) -> None:
+    """mkdir -p root/.../path with DIR_MODE for root and every folder below it (umask can only clear bits)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    current = root
+    for part in ("", *path.relative_to(root).parts):
+        current = current / part
+        try:
+            os.mkdir(current, DIR_MODE)
+        except FileExistsError:
+            if not current.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(current)) from None
 
 
 def _writable_dir(path: Path) -> bool:
     try:
-        path.mkdir(parents=True, exist_ok=True)
         probe = path / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         probe.write_bytes(b"")
         probe.unlink()
         return True
     except OSError:
         return False
-
-
-def cache_root() -> Path:
-    """The configured root if it is usable, else one private temp dir per process (warned about once)."""
-    root = configured_root()
-    return root if _writable_dir(root) else _private_fallback(root)
 
 
 def sha256_file(path: Path) -> str:
@@ -113,13 +132,15 @@ def _write_manifest(staging: Path, key: str, info: dict) -> None:
     files = {}
     for f in sorted(staging.iterdir()):
         if f.is_file() and f.name != MANIFEST:
+            f.chmod(stat.S_IMODE(f.stat().st_mode) & ~0o022)  # a umask of 002 must not make it untrusted
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
             files[f.name] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
     if not files:
         raise CacheError(f"the build in {staging} produced no files")
     data = {"key": key, "kdagen_version": kdagen.__version__, "files": files, **info}
-    with open(staging / MANIFEST, "w", encoding="utf-8") as fh:
+    fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with open(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
@@ -164,13 +185,6 @@ class _KeyLock:
             self.fd = None
 
 
-def lock_timeout_s() -> float:
-    try:
-        return float(os.environ.get("KDAGEN_LOCK_TIMEOUT_S", DEFAULT_LOCK_TIMEOUT_S))
-    except ValueError:
-        return DEFAULT_LOCK_TIMEOUT_S
-
-
 def get_or_build(key: str, target: str, build: Callable[[Path], dict], *,
                  on_miss: Callable[[Path], None] | None = None, root: Path | None = None) -> Path:
     """The trusted entry folder for `key`, building it first if needed.
@@ -178,30 +192,42 @@ def get_or_build(key: str, target: str, build: Callable[[Path], dict], *,
     build(staging_dir) must write the artifact files into staging_dir and return extra manifest info
     (a JSON-able dict). on_miss(entry_path) is called once, under the lock, right before a build (the
     place for the "compiling ..." log line). Exceptions from build propagate; nothing is published then.
+    An entry or folder that fails Note [Trusted cache paths] is never returned: the build then goes to a
+    private temp dir, as it does when the configured root cannot be written (one warning each).
     """
-    root = Path(root) if root is not None else cache_root()
+    root = Path(root) if root is not None else configured_root()
     path = entry_dir(root, target, key)
-    if verify_entry(path, key):
-        return path
+    why = first_untrusted(root, path)
+    if why is None and verify_entry(path, key):
+        return path  # a read-only cache is fine: nothing is written on a hit
+    if why is not None:
+        return _elsewhere(root, key, target, build, on_miss,
+                          f"kdagen: refusing the cache entry {path} (never loaded): {why}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_dirs(root, path.parent)
+        writable = _writable_dir(path.parent)
     except OSError:
-        if root != configured_root():
-            raise
-        return get_or_build(key, target, build, on_miss=on_miss, root=_private_fallback(root))
-    with _KeyLock(path.parent / f"{path.name}.lock", lock_timeout_s()):
+        writable = False
+    if not writable:
+        return _elsewhere(root, key, target, build, on_miss,
+                          f"kdagen: cache dir {path.parent} is not writable")
+    if (why := first_untrusted(root, path.parent)) is not None:  # created by someone else meanwhile
+        return _elsewhere(root, key, target, build, on_miss,
+                          f"kdagen: refusing the cache dir {path.parent} (never loaded from): {why}")
+    with _KeyLock(path.parent / f"{path.name}.lock", build_settings().lock_timeout_s):
         if verify_entry(path, key):  # another process published it while we waited
+            _check_published(root, path)
             return path
         if path.exists():
             log.warning("kdagen: cache entry %s is corrupt or incomplete (manifest mismatch); rebuilding it", path)
             aside = path.parent / STAGING / f"corrupt-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(root, aside.parent)
             os.rename(path, aside)
             shutil.rmtree(aside, ignore_errors=True)
         if on_miss is not None:
             on_miss(path)
         staging = path.parent / STAGING / f"{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        staging.mkdir(parents=True)
+        _make_dirs(root, staging)
         try:
             info = build(staging) or {}
             _write_manifest(staging, key, info)
@@ -212,13 +238,28 @@ def get_or_build(key: str, target: str, build: Callable[[Path], dict], *,
             raise
     if not verify_entry(path, key):
         raise CacheError(f"the freshly published cache entry {path} does not verify")
+    _check_published(root, path)
     return path
 
 
-def _private_fallback(root: Path) -> Path:
+def _check_published(root: Path, path: Path) -> None:
+    if (why := first_untrusted(root, path)) is not None:
+        raise CacheError(f"kdagen: refusing the cache entry {path} (never loaded): {why}")
+
+
+def _elsewhere(root: Path, key: str, target: str, build: Callable[[Path], dict],
+               on_miss: Callable[[Path], None] | None, reason: str) -> Path:
+    """The entry built in this process's private temp dir, after warning (once per reason) why."""
+    if _fallback_root is not None and root == _fallback_root:
+        raise CacheError(f"{reason}, and it is this process's private temp dir")
+    fallback = _private_fallback()
+    _warn_once(f"{reason}; building in the private temp dir {fallback} for this process instead (set "
+               "KDAGEN_CACHE_DIR to a folder of your own, writable by you alone, to keep builds between runs)")
+    return get_or_build(key, target, build, on_miss=on_miss, root=fallback)
+
+
+def _private_fallback() -> Path:
     global _fallback_root
     if _fallback_root is None:
         _fallback_root = Path(tempfile.mkdtemp(prefix="kdagen-cache-"))
-        log.warning("kdagen: cache dir %s is not writable; using the private temp dir %s for this process "
-                    "(set KDAGEN_CACHE_DIR to a writable folder to keep builds between runs)", root, _fallback_root)
     return _fallback_root

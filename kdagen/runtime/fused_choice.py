@@ -118,7 +118,7 @@ def fused_library(entry: VariantEntry, target: str) -> jit_hip.HipLibrary | None
         try:
             lib = _fused_libs[key] = entry.load(target)
             return lib
-        except jit_hip.CompilerNotFoundError as exc:
+        except jit_hip.ToolchainUnavailableError as exc:  # no compiler, or no installed source
             _no_compiler[key] = str(exc)
     if key not in _warned_no_compiler:
         _warned_no_compiler.add(key)

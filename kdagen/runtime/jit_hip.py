@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import threading
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from kdagen.kernels.hip import (KDA_INTRA_LAUNCH, KDA_PROLOGUE_LAUNCH, KDA_RECUR
 from kdagen.targets import HIP_ABI, vendor_of
 
 from . import cache
+from .build_settings import build_settings
 
 log = logging.getLogger("kdagen")
 
@@ -39,12 +41,25 @@ LIB_NAME = "kernels.so"
 _EXPECTED_S = {"nvcc": 5, "hipcc": 10, "clang": 10}
 
 
-class CompilerNotFoundError(RuntimeError):
+class ToolchainUnavailableError(RuntimeError):
+    """The fused path cannot be built here at all (no compiler, no installed source); callers that can
+    run the Triton path instead catch this (runtime/fused_choice.py), unlike a failed compile."""
+
+
+class CompilerNotFoundError(ToolchainUnavailableError):
     """The compiler a target needs is not installed / not on PATH; the message says how to get it."""
+
+
+class HipSourceMissingError(ToolchainUnavailableError):
+    """The generated .hip source or its include/ headers are not installed next to kdagen_kernels."""
 
 
 class HipCompileError(RuntimeError):
     """The compiler failed; the message holds its stderr and the generated source's path."""
+
+
+class HipCompileTimeoutError(HipCompileError):
+    """The compiler ran longer than KDAGEN_COMPILE_TIMEOUT_S and was killed."""
 
 
 @dataclass(frozen=True)
@@ -140,12 +155,41 @@ def cache_key(source: bytes, include_dir: Path, compiler: Compiler, flags: list[
     return h.hexdigest()
 
 
+def _run_compiler(cmd: list[str], variant: str, target: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr); past KDAGEN_COMPILE_TIMEOUT_S the compiler and every process it
+    started (nvcc runs cicc and ptxas) are killed, so that a hang never holds the entry's lock for good."""
+    timeout_s = build_settings().compile_timeout_s
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException as exc:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise HipCompileTimeoutError(
+                f"compiling {variant} for {target} with {cmd[0]} did not finish within KDAGEN_COMPILE_TIMEOUT_S="
+                f"{timeout_s:g} s and was killed; check that the compiler works (`{cmd[0]} --version`), or set "
+                "KDAGEN_COMPILE_TIMEOUT_S higher if this machine is just slow") from None
+        raise
+    return proc.returncode, stdout, stderr
+
+
 def build_library(source_path: Path, target: str, *, variant: str | None = None,
                   include_dir: Path | None = None) -> Path:
     """The cached shared library for one rendered source (compiled on a miss). Returns the .so path."""
     source_path = Path(source_path)
     include_dir = Path(include_dir) if include_dir is not None else source_path.parent / "include"
     variant = variant or source_path.stem
+    for path, ok in ((source_path, source_path.is_file()), (include_dir, include_dir.is_dir())):
+        if not ok:
+            raise HipSourceMissingError(
+                f"the generated HIP source of {variant} is not installed ({path} is missing): reinstall kdagen "
+                "from a wheel or checkout that ships kdagen_kernels/hip/*.hip and hip/include/*.h, or run "
+                "`nox -s generate` in a checkout")
     compiler = find_compiler(target)
     flags = compile_flags(compiler, target, include_dir)
     source = source_path.read_bytes()
@@ -162,12 +206,12 @@ def build_library(source_path: Path, target: str, *, variant: str | None = None,
         src.write_bytes(source)
         out = staging / LIB_NAME
         cmd = [compiler.path, *flags, "-o", str(out), str(src)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0 or not out.is_file():
+        returncode, stdout, stderr = _run_compiler(cmd, variant, target)
+        if returncode != 0 or not out.is_file():
             raise HipCompileError(
-                f"compiling {variant} for {target} failed (exit {r.returncode}).\n"
+                f"compiling {variant} for {target} failed (exit {returncode}).\n"
                 f"generated source: {source_path}\ncommand: {' '.join(cmd)}\n"
-                f"compiler stderr:\n{r.stderr.strip()}\n{r.stdout.strip()}".rstrip())
+                f"compiler stderr:\n{stderr.strip()}\n{stdout.strip()}".rstrip())
         return {"variant": variant, "target": target, "compiler": compiler.path, "flags": flags,
                 "source": str(source_path)}
 

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from kdagen.spec.errors import SpecError, format_error
-from kdagen.launch_knobs import dense_tuning
+from kdagen.launch_knobs import DENSE_KNOBS, dense_tuning
 from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
 from kdagen.targets import (
     BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, HIP_THREADS, MAX_HEAD_DIM, MIN_HEAD_DIM,
-    SUB_CHUNK, TARGETS, estimate_triton_smem, refused_config,
+    SUB_CHUNK, TARGETS, estimate_triton_smem,
 )
 from kdagen.spec.fields import int_value, names, one_of, take
 from kdagen.spec.tuning import Overlay, parse_tuning, resolve_tuning
@@ -25,6 +25,9 @@ _TOP_KEYS = ("op", "tuning", "variants")
 _VARIANT_KEYS = ("label", "head_dim_k", "head_dim_v", "chunk_size", "dtype", "backends", "targets", "tuning")
 _OPTIONAL = frozenset({"tuning"})  # the only optional key, at the top level and in a variant
 _OP_RE = re.compile(r"[a-z][a-z0-9_]*")
+# The ops templates/ implements: kda_chunk.py.j2 and kda_chunk.hip.j2 are the chunked forward.
+TEMPLATED_OPS = ("kda_chunk_fwd",)
+_TEMPLATED_OPS_REASON = "templates/ implements only the chunked forward (templates/triton/kda_chunk.py.j2)"
 _LABEL_RE = re.compile(r"[A-Za-z0-9_]+")
 
 CHUNK_SIZE_REASON = (
@@ -33,7 +36,9 @@ CHUNK_SIZE_REASON = (
 )
 
 _Error = tuple[str, int, str]  # (spec path, line, formatted message), sorted by the first two
-_Declared = tuple[str, int, VariantSpec]  # (spec path, index in `variants`, variant)
+# (spec path, index in `variants`, variant, the line of its backends if they lack triton, else None: the item's
+# own triton variant is then declared or already reported)
+_Declared = tuple[str, int, VariantSpec, int | None]
 
 
 def load_specs(spec_dir: Path, root: Path) -> tuple[OpSpec, ...]:
@@ -45,6 +50,7 @@ def load_specs(spec_dir: Path, root: Path) -> tuple[OpSpec, ...]:
         raise SpecError([f"{_rel(Path(spec_dir), root)}: no *.yaml spec files found"])
     specs = [_load_file(p, root, errors, declared) for p in files]
     _check_duplicates(declared, errors)
+    _check_hip_has_triton(declared, errors)
     _raise_if_any(errors)
     return tuple(s for s in specs if s is not None)
 
@@ -55,6 +61,7 @@ def load_spec_file(path: Path, root: Path) -> OpSpec:
     declared: list[_Declared] = []
     spec = _load_file(Path(path), root, errors, declared)
     _check_duplicates(declared, errors)
+    _check_hip_has_triton(declared, errors)
     _raise_if_any(errors)
     assert spec is not None
     return spec
@@ -62,8 +69,9 @@ def load_spec_file(path: Path, root: Path) -> OpSpec:
 
 def _raise_if_any(errors: list[_Error]) -> None:
     if errors:
-        # Stable sort: by file, then line; same-line errors keep discovery order.
-        raise SpecError(text for _, _, text in sorted(errors, key=lambda e: (e[0], e[1])))
+        # Stable sort: by file, then line; same-line errors keep discovery order. Each error once: a
+        # file-level tuning that every variant inherits is one mistake, reported at its own line.
+        raise SpecError(dict.fromkeys(text for _, _, text in sorted(errors, key=lambda e: (e[0], e[1]))))
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -101,14 +109,14 @@ def _load_file(path: Path, root: Path, errors: list[_Error], declared: list[_Dec
     op = _check_op(top, doc, report)
     file_tuning = parse_tuning(top["tuning"], "tuning", doc.key_lines.get("tuning", 1), report) \
         if "tuning" in top else {}
-    variants: list[tuple[int, VariantSpec]] = []
+    variants: list[tuple[int, VariantSpec, int | None]] = []
     if "variants" in top:
         variants = _parse_variants(top["variants"], doc.key_lines["variants"], op, rel, file_tuning, report)
-        declared.extend((rel, index, v) for index, v in variants)
+        declared.extend((rel, index, v, backends_line) for index, v, backends_line in variants)
     if len(errors) > n_before or op is None:
         return None
     return OpSpec(op=op, path=rel, sha256=hashlib.sha256(data).hexdigest(),
-                  variants=tuple(v for _, v in variants))
+                  variants=tuple(v for _, v, _ in variants))
 
 
 def _check_op(top: dict[str, Any], doc: YMap, report: Report) -> str | None:
@@ -118,25 +126,29 @@ def _check_op(top: dict[str, Any], doc: YMap, report: Report) -> str | None:
     if not isinstance(value, str) or not _OP_RE.fullmatch(value):
         report(line, "op", f"expected a snake_case op name like kda_chunk_fwd, got {value!r}")
         return None
-    return value
+    return one_of(value, TEMPLATED_OPS, line, "op", "op", report, _TEMPLATED_OPS_REASON)
 
 
 # --------------------------------------------------------------------------------------------- variants
 
 def _parse_variants(node: Any, line: int, op: str | None, rel: str, file_tuning: Overlay,
-                    report: Report) -> list[tuple[int, VariantSpec]]:
-    """(item index, variant) for every item that validated; an item expands into one per backend."""
+                    report: Report) -> list[tuple[int, VariantSpec, int | None]]:
+    """(item index, variant, _Declared's backends line) for every item that validated; an item expands
+    into one per backend."""
     if not isinstance(node, YList) or not node:
         report(line, "variants", f"expected a non-empty list of variant mappings, got {node!r}")
         return []
     labels: dict[str, int] = {}
-    out: list[tuple[int, VariantSpec]] = []
+    out: list[tuple[int, VariantSpec, int | None]] = []
     for i, (item, item_line) in enumerate(zip(node, node.item_lines)):
         where = join("variants", i)
         if not isinstance(item, YMap):
             report(item_line, where, f"expected a mapping with keys {', '.join(_VARIANT_KEYS)}, got {item!r}")
             continue
-        out.extend((i, v) for v in _parse_variant(item, where, op, rel, file_tuning, labels, report))
+        parsed = _parse_variant(item, where, op, rel, file_tuning, labels, report)
+        no_triton = bool(parsed) and "triton" not in item["backends"]  # parsed: backends is a valid list
+        line = item.key_lines.get("backends", item_line) if no_triton else None
+        out.extend((i, v, line) for v in parsed)
     return out
 
 
@@ -196,13 +208,8 @@ def _parse_variant(item: YMap, where: str, op: str | None, rel: str, file_tuning
                 continue
             if backend == "triton":  # the HIP kernels' LDS is checked by their offline compiles (tests/aot)
                 # Batches whose walks fill the GPU launch with the dense_* knobs: they must fit and compile too.
-                dense = TritonTuning(**dense_tuning(asdict(tun)))
                 _check_smem(where, item.line, k, v, chunk, dtype, target, tun, report)
-                if dense != tun:
-                    _check_smem(where, item.line, k, v, chunk, dtype, target, dense, report)
-                why = refused_config(target, asdict(tun)) or refused_config(target, asdict(dense))
-                if why is not None:
-                    report(item.line, where, f"tuning.triton.{target}: {why}")
+                if _check_refused(where, item.line, target, tun, (own_tuning, file_tuning), report):
                     continue
             tuning.append((target, tun))
         if len(tuning) == len(targets):
@@ -240,17 +247,49 @@ def _kib(n: int) -> str:
 
 def _check_smem(where: str, line: int, k: int, v: int, chunk: int, dtype: str, target: str,
                 tun: TritonTuning, report: Report) -> None:
-    # Both stage counts are launched (runtime/triton_path.recurrence_stages), so both must fit.
+    """One error per variant and target if a launch's recurrence may not fit: both stage counts are
+    launched (runtime/triton_path.recurrence_stages), at block_v and, where set, at dense_block_v."""
     budget = TARGETS[target].smem_per_block
-    over = [knob for knob in ("recurrence_stages", "recurrence_stages_sparse")
-            if estimate_triton_smem(k, v, chunk, dtype, tun.block_v, getattr(tun, knob)) > budget]
-    if over:
-        est = estimate_triton_smem(k, v, chunk, dtype, tun.block_v, getattr(tun, over[0]))
-        report(line, where,
-               f"shared memory estimate {_kib(est)} on {target} exceeds its {_kib(budget)} per block "
-               f"(head_dim_k={k}, head_dim_v={v}, chunk_size={chunk}, {dtype}, block_v={tun.block_v}, "
-               + ", ".join(f"{knob}={getattr(tun, knob)}" for knob in over)
-               + f"); lower block_v or {' and '.join(over)} in tuning.triton.{target}, or chunk_size")
+    widths = [("block_v", tun.block_v)]
+    if tun.dense_block_v and tun.dense_block_v != tun.block_v:
+        widths.append(("dense_block_v", tun.dense_block_v))
+    stages = ("recurrence_stages", "recurrence_stages_sparse")
+    over = [(w, s) for w in widths for s in stages
+            if estimate_triton_smem(k, v, chunk, dtype, w[1], getattr(tun, s)) > budget]
+    if not over:
+        return
+    (w_name, w_value), s_name = over[0]
+    est = estimate_triton_smem(k, v, chunk, dtype, w_value, getattr(tun, s_name))
+    w_over = list(dict.fromkeys(w for w, _ in over))
+    s_over = list(dict.fromkeys(s for _, s in over))
+    report(line, where,
+           f"shared memory estimate {_kib(est)} on {target} exceeds its {_kib(budget)} per block "
+           f"(head_dim_k={k}, head_dim_v={v}, chunk_size={chunk}, {dtype}, "
+           + ", ".join([f"{n}={value}" for n, value in w_over] + [f"{n}={getattr(tun, n)}" for n in s_over])
+           + f"); lower {' and '.join(n for n, _ in w_over)} or {' and '.join(s_over)} in tuning.triton.{target}, "
+           "or chunk_size")
+
+
+def _check_refused(where: str, line: int, target: str, tun: TritonTuning, layers: tuple[Overlay, ...],
+                   report: Report) -> bool:
+    """Whether a launch of this tuning (as is, or with its dense_* knobs) is one kdagen/targets.py refuses;
+    reported at the line of the most specific tuning that set its knobs (the variant's, else the file's,
+    once for every variant inheriting it), or at the variant when built-in defaults make it."""
+    dense = dense_tuning(asdict(tun))
+    known = TARGETS.get(target)
+    for bad in known.triton_refused if known is not None else ():
+        for launch, is_dense in ((asdict(tun), False), (dense, True)):
+            if not bad.matches(launch):
+                continue
+            knobs = [DENSE_KNOBS[knob] if is_dense and knob in DENSE_KNOBS and getattr(tun, DENSE_KNOBS[knob])
+                     else knob for knob, _ in bad.knobs]
+            at = next((src for layer in layers for knob in knobs
+                       if (src := layer.get("triton", {}).get(target, {}).get(knob)) is not None), None)
+            what = ", ".join(f"{knob} {getattr(tun, knob)}" for knob in knobs)
+            text = f"a batch whose walks fill the GPU launches {what}: {bad.why}" if is_dense else bad.why
+            report(at.line if at else line, at.where.rpartition(".")[0] if at else where, text)
+            return True
+    return False
 
 
 def _check_duplicates(declared: Sequence[_Declared], errors: list[_Error]) -> None:
@@ -259,7 +298,7 @@ def _check_duplicates(declared: Sequence[_Declared], errors: list[_Error]) -> No
     NOTE: this also sees the valid items of files that have other errors, so that one run reports all.
     """
     seen: dict[str, VariantSpec] = {}
-    for rel, index, v in declared:
+    for rel, index, v, _ in declared:
         first = seen.setdefault(v.name, v)
         if first is v:
             continue
@@ -268,3 +307,31 @@ def _check_duplicates(declared: Sequence[_Declared], errors: list[_Error]) -> No
                 f"{first.spec_path}:{first.line} (label {first.label!r}); declare each "
                 "(backend, dtype, head_dim_k, head_dim_v, chunk_size) once and list all its targets there")
         errors.append((rel, v.line, format_error(rel, v.line, join("variants", index), text)))
+
+
+def _check_hip_has_triton(declared: Sequence[_Declared], errors: list[_Error]) -> None:
+    """Every hip variant has a triton variant of the same dtype, head dims and chunk size on all its targets.
+
+    The fused plans run that variant's walk after the HIP kda_intra_kernel, and run it whole wherever a call
+    cannot take the HIP kernels (no compiler or sources, a gate they do not take, use_fused_chunk=False);
+    without it those calls fail with NoVariantError (runtime/planning.py).
+    """
+    triton = {(v.dtype, v.head_dim_k, v.head_dim_v, v.chunk_size): v for _, _, v, _ in declared
+              if v.backend == "triton"}
+    for rel, index, v, line in declared:
+        if v.backend != "hip" or line is None:
+            continue
+        where = join(join("variants", index), "backends")
+        twin = triton.get((v.dtype, v.head_dim_k, v.head_dim_v, v.chunk_size))
+        if twin is None:
+            text = (f"hip needs triton in the same variant's backends (or a triton variant of dtype {v.dtype}, "
+                    f"head_dim_k={v.head_dim_k}, head_dim_v={v.head_dim_v}, chunk_size={v.chunk_size}): the fused "
+                    "plans run the Triton walk after the HIP kda_intra_kernel, and the whole Triton path for "
+                    "calls the HIP kernels cannot take; use backends: [triton, hip]")
+        elif missing := [t for t in v.targets if t not in twin.targets]:
+            text = (f"hip lists target(s) {', '.join(missing)} that the triton variant {twin.name} "
+                    f"({twin.spec_path}:{twin.line}) does not; the fused plans need it on every target of the "
+                    "hip variant: list the same targets in both")
+        else:
+            continue
+        errors.append((rel, line, format_error(rel, line, where, text)))

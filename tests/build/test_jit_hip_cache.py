@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The HIP JIT cache with a fake compiler (a Python script standing in for nvcc): hits across processes,
-one compile under contention, killed builds, corruption, read-only cache dirs, missing compilers, and
-a key that changes with the source, a header or the flags, and only then."""
+one compile under contention, killed builds, corruption, read-only cache dirs, entries someone else could
+have written, compiler hangs, malformed settings, missing compilers and sources, and a key that changes
+with the source, a header or the flags, and only then."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import kdagen
-from kdagen.runtime import cache, jit_hip
+from kdagen.runtime import build_settings, cache, cache_trust, jit_hip
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,9 +67,39 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("FAKE_NVCC_SLEEP", raising=False)
+    for name in ("KDAGEN_LOCK_TIMEOUT_S", "KDAGEN_COMPILE_TIMEOUT_S"):
+        monkeypatch.delenv(name, raising=False)
     jit_hip.compiler_version.cache_clear()
     monkeypatch.setattr(cache, "_fallback_root", None)
-    return {"nvcc": nvcc, "log": log, "src": src, "cache": tmp_path / "cache", "tmp": tmp_path}
+    monkeypatch.setattr(cache, "_warned", set())
+    build_settings.build_settings.cache_clear()
+    yield {"nvcc": nvcc, "log": log, "src": src, "cache": tmp_path / "cache", "tmp": tmp_path}
+    build_settings.build_settings.cache_clear()
+
+
+def setenv(monkeypatch, name: str, value: str) -> None:
+    """Settings are read once per process: a test that changes one starts a new reading."""
+    monkeypatch.setenv(name, value)
+    build_settings.build_settings.cache_clear()
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def fake_owner(monkeypatch, under: Path, uid: int = 4242) -> None:
+    """Every path at or below `under` looks owned by `uid` to the trust check (works as root too)."""
+    real = cache_trust.status
+
+    def status(path, follow):
+        st = real(path, follow)
+        if Path(path) == under or Path(path).is_relative_to(under):
+            fields = list(st[:10])
+            fields[4] = uid  # st_uid
+            return os.stat_result(fields)
+        return st
+
+    monkeypatch.setattr(cache_trust, "status", status)
 
 
 def compiles(env) -> int:
@@ -173,7 +204,7 @@ def test_unwritable_cache_dir_falls_back_to_a_private_temp_dir(env, caplog, monk
     # Works as root too: a regular file where the cache dir should be cannot hold entries.
     blocker = env["tmp"] / "not-a-dir"
     blocker.write_text("")
-    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(blocker / "cache"))
+    setenv(monkeypatch, "KDAGEN_CACHE_DIR", str(blocker / "cache"))
     with caplog.at_level(logging.WARNING, logger="kdagen"):
         so = jit_hip.build_library(env["src"], "sm_90")
         jit_hip.build_library(env["src"], "sm_90")
@@ -235,3 +266,194 @@ def test_key_changes_with_source_header_flags_and_only_then(env, monkeypatch):
     monkeypatch.setenv("FAKE_NVCC_VERSION", "2.0")
     jit_hip.compiler_version.cache_clear()
     assert key() != base
+
+
+# ----------------------------------------------------------------------- who may have written an entry
+
+def test_an_entry_owned_by_someone_else_is_refused_and_rebuilt_privately(env, monkeypatch, caplog):
+    so = jit_hip.build_library(env["src"], "sm_90")
+    fake_owner(monkeypatch, so.parent)
+    with caplog.at_level(logging.WARNING, logger="kdagen"):
+        so2 = jit_hip.build_library(env["src"], "sm_90")
+        assert jit_hip.build_library(env["src"], "sm_90") == so2
+    assert not so2.is_relative_to(env["cache"]) and compiles(env) == 2
+    (msg,) = warnings_of(caplog)
+    assert msg.startswith(f"kdagen: refusing the cache entry {so.parent} (never loaded): {so.parent} is owned "
+                          f"by uid 4242, not by you (uid {os.geteuid()}) or root; remove it, or point "
+                          "KDAGEN_CACHE_DIR at a folder of your own; building in the private temp dir ")
+
+
+def test_a_foreign_target_dir_is_refused_even_for_a_new_entry(env, monkeypatch, caplog):
+    jit_hip.build_library(env["src"], "sm_90")
+    target_dir = env["cache"] / kdagen.__version__ / "sm_90"
+    fake_owner(monkeypatch, target_dir)
+    env["src"].write_text("int y = 2;\n")  # a new key: nothing published yet, but the folder is not ours
+    with caplog.at_level(logging.WARNING, logger="kdagen"):
+        so = jit_hip.build_library(env["src"], "sm_90")
+    assert not so.is_relative_to(env["cache"])
+    (msg,) = warnings_of(caplog)
+    assert f"{target_dir} is owned by uid 4242" in msg
+
+
+@pytest.mark.parametrize("what", ["library", "entry", "target dir", "root"])
+def test_group_or_other_writable_paths_are_refused(env, caplog, what):
+    so = jit_hip.build_library(env["src"], "sm_90")
+    path = {"library": so, "entry": so.parent, "target dir": so.parent.parent, "root": env["cache"]}[what]
+    path.chmod(stat.S_IMODE(path.stat().st_mode) | stat.S_IWGRP)
+    with caplog.at_level(logging.WARNING, logger="kdagen"):
+        so2 = jit_hip.build_library(env["src"], "sm_90")
+    assert not so2.is_relative_to(env["cache"]) and compiles(env) == 2
+    (msg,) = warnings_of(caplog)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    assert f": {path} is writable by group (mode {mode:o}); run `chmod go-w {path}`; building in" in msg
+
+
+def test_a_sticky_world_writable_root_is_fine_and_entries_ignore_the_umask(env, caplog):
+    env["cache"].mkdir(mode=0o777)
+    env["cache"].chmod(0o1777)  # a /tmp-like shared root
+    old = os.umask(0o002)  # a umask that would make new folders and files group-writable
+    try:
+        so = jit_hip.build_library(env["src"], "sm_90")
+    finally:
+        os.umask(old)
+    assert so.is_relative_to(env["cache"]) and not warnings_of(caplog)
+    for p in [so, so.parent / cache.MANIFEST, so.parent, so.parent.parent, so.parent.parent.parent]:
+        assert not p.stat().st_mode & 0o022, p
+    assert jit_hip.build_library(env["src"], "sm_90") == so and compiles(env) == 1
+
+
+def test_a_symlinked_entry_is_refused(env, caplog):
+    so = jit_hip.build_library(env["src"], "sm_90")
+    elsewhere = env["tmp"] / "planted"
+    so.parent.rename(elsewhere)
+    so.parent.symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING, logger="kdagen"):
+        so2 = jit_hip.build_library(env["src"], "sm_90")
+    assert not so2.is_relative_to(env["cache"])
+    (msg,) = warnings_of(caplog)
+    assert f": {so.parent} is a symbolic link; remove it; building in" in msg
+
+
+# --------------------------------------------------------------------------- read-only and unwritable
+
+def test_a_read_only_cache_holding_the_entry_is_used_as_is(env, monkeypatch, caplog):
+    so = jit_hip.build_library(env["src"], "sm_90")
+
+    def no_write(*args, **kwargs):
+        raise AssertionError("a cache hit must write nothing")
+
+    # Root ignores permissions, so the hit is also checked to reach none of the writing steps.
+    monkeypatch.setattr(cache, "_make_dirs", no_write)
+    monkeypatch.setattr(cache, "_KeyLock", no_write)
+    tree = sorted(p for p in env["cache"].rglob("*"))
+    for p in reversed(tree):
+        p.chmod(stat.S_IMODE(p.stat().st_mode) & ~0o222)
+    env["cache"].chmod(0o555)
+    try:
+        with caplog.at_level(logging.WARNING, logger="kdagen"):
+            assert jit_hip.build_library(env["src"], "sm_90") == so
+    finally:
+        for p in [env["cache"], *tree]:
+            p.chmod(stat.S_IMODE(p.stat().st_mode) | stat.S_IWUSR)
+    assert compiles(env) == 1 and not warnings_of(caplog)
+    assert sorted(env["cache"].rglob("*")) == tree
+
+
+def test_a_read_only_cache_hit_in_a_new_process(env):
+    so = jit_hip.build_library(env["src"], "sm_90")
+    tree = sorted(env["cache"].rglob("*"))
+    for p in [*reversed(tree), env["cache"]]:
+        p.chmod(stat.S_IMODE(p.stat().st_mode) & ~0o222)
+    try:
+        p = build_in_subprocess(env)
+        out, err = p.communicate(timeout=60)
+    finally:
+        for p in [env["cache"], *tree]:
+            p.chmod(stat.S_IMODE(p.stat().st_mode) | stat.S_IWUSR)
+    assert Path(out.strip()) == so, err
+    assert compiles(env) == 1 and "not writable" not in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_an_unwritable_target_dir_under_a_writable_root_falls_back(env, caplog):
+    jit_hip.build_library(env["src"], "sm_90")
+    target_dir = env["cache"] / kdagen.__version__ / "sm_90"
+    target_dir.chmod(0o555)
+    env["src"].write_text("int y = 2;\n")
+    try:
+        with caplog.at_level(logging.WARNING, logger="kdagen"):
+            so = jit_hip.build_library(env["src"], "sm_90")
+    finally:
+        target_dir.chmod(0o755)
+    assert not so.is_relative_to(env["cache"])
+    (msg,) = warnings_of(caplog)
+    assert msg.startswith(f"kdagen: cache dir {target_dir} is not writable; building in the private temp dir ")
+
+
+def test_an_unwritable_target_dir_falls_back_once_as_root_too(env, monkeypatch, caplog):
+    jit_hip.build_library(env["src"], "sm_90")
+    target_dir = env["cache"] / kdagen.__version__ / "sm_90"
+    real = cache._writable_dir
+    monkeypatch.setattr(cache, "_writable_dir", lambda p: p != target_dir and real(p))
+    with caplog.at_level(logging.WARNING, logger="kdagen"):
+        for body in ("int y = 2;\n", "int y = 3;\n"):
+            env["src"].write_text(body)
+            assert not jit_hip.build_library(env["src"], "sm_90").is_relative_to(env["cache"])
+    (msg,) = warnings_of(caplog)
+    assert msg.startswith(f"kdagen: cache dir {target_dir} is not writable; building in the private temp dir ")
+
+
+# ------------------------------------------------------------------------------- settings and timeouts
+
+@pytest.mark.parametrize("name, default", [("KDAGEN_LOCK_TIMEOUT_S", "900"), ("KDAGEN_COMPILE_TIMEOUT_S", "600")])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf"])
+def test_malformed_timeouts_name_the_variable_value_and_form(env, monkeypatch, name, default, value):
+    setenv(monkeypatch, name, value)
+    with pytest.raises(build_settings.SettingError) as info:
+        jit_hip.build_library(env["src"], "sm_90")
+    assert str(info.value) == (f"{name}={value!r} is not a usable timeout: expected a positive number of "
+                               f"seconds such as {default}; fix or unset it (unset means {default})")
+    assert compiles(env) == 0
+
+
+def test_settings_are_read_once(env, monkeypatch):
+    setenv(monkeypatch, "KDAGEN_LOCK_TIMEOUT_S", "12.5")
+    first = build_settings.build_settings()
+    monkeypatch.setenv("KDAGEN_LOCK_TIMEOUT_S", "abc")
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(env["tmp"] / "other"))
+    assert build_settings.build_settings() is first and first.lock_timeout_s == 12.5
+    assert jit_hip.build_library(env["src"], "sm_90").is_relative_to(env["cache"])
+
+
+def test_a_hanging_compiler_is_killed_and_named(env, monkeypatch):
+    setenv(monkeypatch, "KDAGEN_COMPILE_TIMEOUT_S", "1")
+    monkeypatch.setenv("FAKE_NVCC_SLEEP", "60")
+    start = time.monotonic()
+    with pytest.raises(jit_hip.HipCompileTimeoutError) as info:
+        jit_hip.build_library(env["src"], "sm_90")
+    assert time.monotonic() - start < 20
+    assert str(info.value).startswith(
+        f"compiling kda_chunk_fwd__hip__bf16__k128_v128_c64__sm_90 for sm_90 with {env['nvcc']} did not finish "
+        f"within KDAGEN_COMPILE_TIMEOUT_S=1 s and was killed; check that the compiler works")
+    target_dir = env["cache"] / kdagen.__version__ / "sm_90"
+    assert not [d for d in target_dir.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    monkeypatch.setenv("FAKE_NVCC_SLEEP", "0")  # the lock was released: the next build goes ahead
+    assert jit_hip.build_library(env["src"], "sm_90").is_file()
+
+
+# ------------------------------------------------------------------------------ missing HIP sources
+
+@pytest.mark.parametrize("missing", ["source", "include"])
+def test_a_missing_source_is_a_toolchain_gap_not_a_spec_error(env, missing):
+    import shutil
+
+    path = env["src"] if missing == "source" else env["src"].parent / "include"
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    with pytest.raises(jit_hip.HipSourceMissingError) as info:
+        jit_hip.build_library(env["src"], "sm_90", variant="kda_chunk_fwd__hip__bf16__k128_v128_c64")
+    assert isinstance(info.value, jit_hip.ToolchainUnavailableError)
+    assert str(info.value) == (
+        f"the generated HIP source of kda_chunk_fwd__hip__bf16__k128_v128_c64 is not installed ({path} is "
+        "missing): reinstall kdagen from a wheel or checkout that ships kdagen_kernels/hip/*.hip and "
+        "hip/include/*.h, or run `nox -s generate` in a checkout")
+    assert compiles(env) == 0

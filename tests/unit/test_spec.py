@@ -361,22 +361,102 @@ def test_block_k_knobs_are_bounded_by_the_head_dims_they_slice(tmp_path):
     ]
 
 
+WGMMA_WHY = TARGETS["sm_90"].triton_refused[0].why
+
+
 def test_a_config_triton_miscompiles_on_sm_90_is_refused(tmp_path):
     # 4 recurrence warps with block_v 32 on sm_90 (kdagen/targets.py _SM90_WGMMA_BV32); the same knobs on
     # gfx942 (no wgmma) load.
+    assert WGMMA_WHY.startswith("Triton (3.6.0 measured") and WGMMA_WHY.endswith("Use block_v 64, or 2 or 8 recurrence_warps")
     text = GOOD + "    tuning: {triton: {sm_90: {recurrence_warps: 4, block_v: 32}}}\n"
-    (err,) = errors_of(tmp_path, k=text)
-    assert "tuning.triton.sm_90: Triton (3.6.0 measured" in err and "Use block_v 64, or 2 or 8 recurrence_warps" in err
+    assert errors_of(tmp_path, k=text) == [f"specs/k.yaml:10: variants[0].tuning.triton.sm_90: {WGMMA_WHY}"]
     ok = GOOD.replace("targets: [sm_90]", "targets: [gfx942]") + \
         "    tuning: {triton: {gfx942: {recurrence_warps: 4, block_v: 32}}}\n"
     (tmp_path / "amd").mkdir()
     (spec,) = load_text(tmp_path / "amd", ok)
     assert spec.variants[0].tuning_for("gfx942").block_v == 32
-    # The dense_* knobs are what a batch whose walks fill the GPU launches with: refused the same way.
+    # The dense_* knobs are what a batch whose walks fill the GPU launches with: refused the same way, naming them.
     dense = GOOD + "    tuning: {triton: {sm_90: {recurrence_warps: 4, block_v: 64, dense_block_v: 32}}}\n"
     (tmp_path / "dense").mkdir()
-    (err,) = errors_of(tmp_path / "dense", k=dense)
-    assert "tuning.triton.sm_90: Triton (3.6.0 measured" in err
+    assert errors_of(tmp_path / "dense", k=dense) == [
+        "specs/k.yaml:10: variants[0].tuning.triton.sm_90: a batch whose walks fill the GPU launches "
+        f"recurrence_warps 4, dense_block_v 32: {WGMMA_WHY}"]
+    # Built-in defaults (4 warps) with block_v clamped to head_dim_v = 32: at the variant, nothing else set it.
+    (tmp_path / "clamped").mkdir()
+    assert errors_of(tmp_path / "clamped", k=GOOD.replace("head_dim_v: 64", "head_dim_v: 32")) == [
+        f"specs/k.yaml:3: variants[0]: {WGMMA_WHY}"]
+
+
+def test_a_refused_file_level_tuning_is_reported_once_at_its_line(tmp_path):
+    text = """\
+        op: kda_chunk_fwd
+        tuning:
+          triton:
+            sm_90:
+              recurrence_warps: 4
+              block_v: 32
+        variants:
+          - {label: a, head_dim_k: 64, head_dim_v: 64, chunk_size: 64, dtype: bf16, backends: [triton], targets: [sm_90]}
+          - {label: b, head_dim_k: 64, head_dim_v: 128, chunk_size: 64, dtype: bf16, backends: [triton], targets: [sm_90]}
+          - {label: c, head_dim_k: 128, head_dim_v: 64, chunk_size: 64, dtype: bf16, backends: [triton], targets: [sm_90],
+             tuning: {triton: {sm_90: {block_v: 64}}}}
+        """
+    # Line 5: the first knob of the refused pair, in the tuning every variant but c inherits.
+    assert errors_of(tmp_path, k=text) == [f"specs/k.yaml:5: tuning.triton.sm_90: {WGMMA_WHY}"]
+
+
+def test_an_op_the_templates_do_not_implement_is_refused_at_its_line(tmp_path):
+    text = "# the backward pass\n" + GOOD.replace("op: kda_chunk_fwd", "op: kda_chunk_bwd")
+    assert errors_of(tmp_path, k=text) == [
+        "specs/k.yaml:2: op: 'kda_chunk_bwd' is not a supported op; did you mean 'kda_chunk_fwd'? (supported: "
+        "kda_chunk_fwd): templates/ implements only the chunked forward (templates/triton/kda_chunk.py.j2)"]
+
+
+def test_smem_over_budget_is_reported_once_naming_the_knob_that_overflows(tmp_path):
+    # dense_intra_rows makes the dense launch differ from the plain one while both overflow at block_v 64.
+    big = GOOD.replace("64\n    head_dim_v: 64", "128\n    head_dim_v: 128").replace("[sm_90]", "[gfx942]")
+    text = big + "    tuning: {triton: {gfx942: {dense_intra_rows: 16}}}\n"
+    assert errors_of(tmp_path, k=text) == [
+        "specs/k.yaml:3: variants[0]: shared memory estimate 80 KiB on gfx942 exceeds its 64 KiB per block "
+        "(head_dim_k=128, head_dim_v=128, chunk_size=64, bf16, block_v=64, recurrence_stages=2, "
+        "recurrence_stages_sparse=2); lower block_v or recurrence_stages and recurrence_stages_sparse in "
+        "tuning.triton.gfx942, or chunk_size"]
+    # Only the dense launch overflows: its slice width is dense_block_v, and the message says so.
+    wide = GOOD.replace("head_dim_v: 64", "head_dim_v: 256").replace("[sm_90]", "[gfx942]") + \
+        "    tuning: {triton: {gfx942: {dense_block_v: 256}}}\n"
+    (tmp_path / "wide").mkdir()
+    assert errors_of(tmp_path / "wide", k=wide) == [
+        "specs/k.yaml:3: variants[0]: shared memory estimate 96 KiB on gfx942 exceeds its 64 KiB per block "
+        "(head_dim_k=64, head_dim_v=256, chunk_size=64, bf16, dense_block_v=256, recurrence_stages=2, "
+        "recurrence_stages_sparse=2); lower dense_block_v or recurrence_stages and recurrence_stages_sparse in "
+        "tuning.triton.gfx942, or chunk_size"]
+
+
+HIP_ONLY = GOOD.replace("64\n    head_dim_v: 64", "128\n    head_dim_v: 128").replace("[triton]", "[hip]")
+
+
+def test_a_hip_variant_without_its_triton_twin_is_refused(tmp_path):
+    assert errors_of(tmp_path, k=HIP_ONLY) == [
+        "specs/k.yaml:8: variants[0].backends: hip needs triton in the same variant's backends (or a triton "
+        "variant of dtype bf16, head_dim_k=128, head_dim_v=128, chunk_size=64): the fused plans run the Triton "
+        "walk after the HIP kda_intra_kernel, and the whole Triton path for calls the HIP kernels cannot take; "
+        "use backends: [triton, hip]"]
+
+
+def test_a_hip_variant_may_take_its_triton_twin_from_another_item_on_all_its_targets(tmp_path):
+    twin = HIP_ONLY.replace("[hip]", "[triton]").replace("label: a", "label: t").replace("[sm_90]", "[gfx950]")
+    errs = errors_of(tmp_path, k=HIP_ONLY.replace("[sm_90]", "[sm_90, gfx950]"), t=twin)
+    assert errs == [
+        "specs/k.yaml:8: variants[0].backends: hip lists target(s) sm_90 that the triton variant "
+        "kda_chunk_fwd__triton__bf16__k128_v128_c64 (specs/t.yaml:3) does not; the fused plans need it on "
+        "every target of the hip variant: list the same targets in both"]
+    (tmp_path / "specs" / "t.yaml").write_text(twin.replace("[gfx950]", "[gfx950, sm_90]"))
+    assert [v.backend for s in load_specs(tmp_path / "specs", tmp_path) for v in s.variants] == ["hip", "triton"]
+
+
+def test_a_failed_triton_twin_in_the_same_item_is_not_reported_twice(tmp_path):
+    both = HIP_ONLY.replace("[hip]", "[triton, hip]") + "    tuning: {triton: {sm_90: {recurrence_warps: 4, block_v: 32}}}\n"
+    assert errors_of(tmp_path, k=both) == [f"specs/k.yaml:10: variants[0].tuning.triton.sm_90: {WGMMA_WHY}"]
 
 
 def test_dense_knobs_take_zero_or_the_rule_of_the_knob_they_replace():

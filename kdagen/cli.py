@@ -10,12 +10,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kdagen.render.emit import PACKAGE_DIR, check, emit
-from kdagen.render.env import RenderError
 from kdagen.spec.errors import SpecError
-from kdagen.spec.load import load_specs
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Relative to the project root; render.emit holds the same path (a test checks they agree).
+PACKAGE_DIR = Path("generated") / "kdagen_kernels"
+
+
+def _generator():
+    """kdagen.render.emit, imported on use: a runtime-only install (no `generate` extra) still runs bench,
+    demo and the other commands, and generating without Jinja or PyYAML says how to get them."""
+    try:
+        emit = importlib.import_module("kdagen.render.emit")
+        load = importlib.import_module("kdagen.spec.load")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("jinja2", "yaml"):
+            raise
+        raise SystemExit(f"kdagen: rendering specs needs {exc.name}, which is not installed; "
+                         "install the generator's extra: pip install 'kdagen[generate]'") from None
+    return emit, load
 
 # Modules that call add_command() at import time. To add a command, write it in its own module
 # (e.g. kdagen/bench.py with `add_command("bench", ...)` at module level) and list the module here.
@@ -45,7 +58,7 @@ def add_command(name: str, help: str, configure: Callable[[argparse.ArgumentPars
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    report = emit(args.root)
+    report = _generator()[0].emit(args.root)
     for path in report.written:
         print(f"wrote   {_shown(path, args.root)}")
     for path in report.deleted:
@@ -56,7 +69,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    drift = check(args.root)
+    drift = _generator()[0].check(args.root)
     if not drift:
         print(f"{PACKAGE_DIR.as_posix()}/ is up to date")
         return 0
@@ -70,7 +83,7 @@ def _run_check(args: argparse.Namespace) -> int:
 
 def _run_list(args: argparse.Namespace) -> int:
     rows = [("name", "targets", "spec")]
-    for spec in load_specs(args.root / "specs", args.root):
+    for spec in _generator()[1].load_specs(args.root / "specs", args.root):
         for v in spec.variants:
             rows.append((v.name, ",".join(v.targets), f"{v.spec_path}:{v.line}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -116,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kdagen: {len(exc.errors)} spec error(s):", file=sys.stderr)
         print(str(exc), file=sys.stderr)
         return EXIT_INVALID
-    except RenderError as exc:
+    except Exception as exc:
+        # A RenderError can only come from a loaded render.env, so looking it up never imports Jinja.
+        env = sys.modules.get("kdagen.render.env")
+        if env is None or not isinstance(exc, env.RenderError):
+            raise
         print(f"kdagen: render error: {exc}", file=sys.stderr)
         return EXIT_INVALID

@@ -66,3 +66,39 @@ def test_add_command(monkeypatch, capsys):
     assert capsys.readouterr().out == f"hello kda from {ROOT.name}\n"
     with pytest.raises(ValueError, match="registered twice"):
         cli.add_command("hello", "again", None, lambda args: 0)
+
+
+# Runs `python -m kdagen ARGS` with jinja2 and yaml unimportable: a runtime-only install (no `generate` extra).
+_WITHOUT_GENERATOR = """
+import importlib.abc, runpy, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in ("jinja2", "yaml"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+sys.argv = ["kdagen", *sys.argv[1:]]
+runpy.run_module("kdagen", run_name="__main__")
+"""
+
+
+def _without_generator(*args: str):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "generated")]))
+    return subprocess.run([sys.executable, "-c", _WITHOUT_GENERATOR, *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_commands_run_without_the_generate_extra():
+    for command in ("bench", "demo", "autotune"):
+        r = _without_generator(command, "--help")
+        assert r.returncode == 0, (command, r.stderr)
+    r = _without_generator("generate")
+    assert r.returncode != 0
+    assert "pip install 'kdagen[generate]'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_package_dir_is_the_emitters():
+    from kdagen.render.emit import PACKAGE_DIR
+    assert cli.PACKAGE_DIR == PACKAGE_DIR

@@ -15,6 +15,7 @@ import kdagen
 from kdagen.kernels import hip as hip_kernels
 from kdagen.kernels import kda as kda_kernels
 from kdagen.kernels import metadata as metadata_kernels
+from kdagen.kernels import op_schema
 from kdagen.render.env import RenderError, torch_dtype, triton_dtype
 from kdagen.spec.model import OpSpec, VariantSpec
 from kdagen.targets import (
@@ -177,6 +178,7 @@ def package_context(specs: Sequence[OpSpec], stamp: str) -> dict[str, Any]:
         "specs": list(specs),
         "targets": TARGETS,
         "abi": metadata_kernels.KERNELS,
+        "op": op_schema,
         "stamp": stamp,
         "kdagen_version": kdagen.__version__,
     }

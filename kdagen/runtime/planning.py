@@ -98,11 +98,10 @@ def plan_kda_prefill(variants: tuple[VariantEntry, ...], cu_seqlens: torch.Tenso
                      checkpoint_offsets: torch.Tensor | None = None,
                      checkpoint_state_indices: torch.Tensor | None = None, use_fused_chunk: bool = False,
                      groups: int | None = None, workspace: torch.Tensor | None = None,
-                     tuning: Mapping[str, int] | None = None, design: str | None = None) -> KdaPrefillPlan:
-    """The public plan: validates the batch arguments, then `make_plan`.
-
-    design: the Triton path's chunk-parallel kernels, "intra" (one kernel on 16- or 32-row programs) or "pair" (two on
-    whole chunks); None lets the plan choose (Note [Chunk-parallel design] in runtime/triton_path.py).
+                     tuning: Mapping[str, int] | None = None, design: str | None = None,
+                     chunk_size: int | None = None, pipeline: str | None = None) -> KdaPrefillPlan:
+    """The public plan: validates the batch arguments, then `make_plan`. The generated package's
+    `plan_kda_prefill` forwards here; its signature and docs are kernels/op_schema.PLAN_ARGS (Note [Op schema]).
 
     With cu_seqlens the batch is packed ([1, num_tokens, H, *]); num_tokens defaults to cu_seqlens_cpu[-1].
     Without it, inputs are [batch_size, num_tokens, H, *]: batch_size sequences of num_tokens tokens.
@@ -125,6 +124,13 @@ def plan_kda_prefill(variants: tuple[VariantEntry, ...], cu_seqlens: torch.Tenso
     if cu_seqlens is not None:
         if batch_size != 1:
             fail("batch_size", "1 with cu_seqlens (packed varlen)", batch_size)
+        host = cu_seqlens_cpu is not None and isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type == "cpu"
+        if host and not (cu_seqlens.shape == cu_seqlens_cpu.shape
+                         and torch.equal(cu_seqlens.long(), cu_seqlens_cpu.long())):
+            # Both on the host: free to compare, and the plan sizes its launches from cu_seqlens_cpu.
+            fail("cu_seqlens_cpu", "equal to cu_seqlens (its CPU copy)",
+                 f"{cu_seqlens_cpu.tolist()[:8]} with cu_seqlens {cu_seqlens.tolist()[:8]}",
+                 "Pass cu_seqlens.cpu(), or leave cu_seqlens_cpu out with a CPU cu_seqlens")
         if num_tokens is None:
             if cu_seqlens_cpu is None and cu_seqlens.device.type != "cpu":
                 fail("num_tokens", "given (or cu_seqlens_cpu) with a device cu_seqlens", "neither",
@@ -155,5 +161,7 @@ def plan_kda_prefill(variants: tuple[VariantEntry, ...], cu_seqlens: torch.Tenso
     b = Batch(p, dtype, device, float(lower_bound) if lower_bound is not None else None, has_g_bias,
               use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, state_indices, has_initial_state,
               output_final_state, checkpoint_offsets, checkpoint_state_indices)
+    # chunk_size / pipeline: make_plan takes them once the pipeline rework lands; passed only when given.
+    extra = {n: x for n, x in (("chunk_size", chunk_size), ("pipeline", pipeline)) if x is not None}
     return make_plan(variants, b, use_fused_chunk=use_fused_chunk, groups=groups, workspace=workspace,
-                     tuning=tuning, cu_seqlens_cpu=cu_seqlens_cpu, design=design)
+                     tuning=tuning, cu_seqlens_cpu=cu_seqlens_cpu, design=design, **extra)

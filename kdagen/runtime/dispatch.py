@@ -7,6 +7,8 @@ Note [Plan cache] below, and Note [Plan and run] in plan.py.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from . import fused_choice, interpreter_compat
@@ -29,33 +31,65 @@ interpreter_compat.apply()
 #    Triton path with one warning per variant and target. A compile error always propagates.
 #
 # Note [Plan cache]
-# The wrapper keeps the plan of its last batch and reuses it while the call's metadata tensors (cu_seqlens,
-# chunk_indices, chunk_offsets, state_indices, has_initial_state, checkpoint_offsets and
-# checkpoint_state_indices) are the same objects with the same version counters (so an in-place edit is
-# seen) and the plan-level arguments are equal; the cached plan holds references to those tensors, so an
-# id cannot be reused while it is cached. A hit runs only the plan's per-layer checks. Environment
-# overrides (KDAGEN_TARGET, KDAGEN_TRITON_GROUPS, KDAGEN_DEBUG) are read when a plan is made.
+# The wrapper keeps the plan of its last batch, one per (registry, thread, current stream): two threads or two
+# streams (vLLM's dual-batch overlap) never share a plan, hence never a workspace. A plan is reused while the
+# call's metadata tensors (cu_seqlens, chunk_indices, chunk_offsets, state_indices, has_initial_state,
+# checkpoint_offsets and checkpoint_state_indices) are the same objects, unchanged, and the plan-level
+# arguments are equal; the cached plan holds references to those tensors, so an id cannot be reused while it
+# is cached. "Unchanged": a tensor with a version counter keeps its version (an in-place edit is seen). An
+# inference tensor (made under torch.inference_mode(), as vLLM's metadata is) has none: on the CPU its values
+# are compared with a copy taken at plan time; on a device the plan copies the current values into its own
+# metadata buffers on every call (`refresh_metadata`, a few small device copies, graph-capturable), so a plan
+# never runs on stale metadata. A hit runs only the plan's per-layer checks. Environment overrides
+# (KDAGEN_TARGET, KDAGEN_TRITON_GROUPS, KDAGEN_DEBUG) are read when a plan is made.
 _META = ("cu_seqlens", "chunk_indices", "chunk_offsets", "state_indices", "has_initial_state",
          "checkpoint_offsets", "checkpoint_state_indices")
+_REFRESH = object()  # a device inference tensor's stamp: refresh the plan's copy on every call
+
+
+def _stamp(t: torch.Tensor | None) -> object:
+    if t is None:
+        return -1
+    if not t.is_inference():
+        return t._version
+    return t.clone() if t.device.type == "cpu" else _REFRESH
 
 
 class _Cached:
-    __slots__ = ("key", "meta", "versions", "plan")
+    __slots__ = ("key", "meta", "stamps", "plan", "refresh")
 
     def __init__(self, key: tuple, meta: tuple, plan: KdaPrefillPlan):
         self.key, self.meta, self.plan = key, meta, plan
-        self.versions = tuple(t._version if t is not None else -1 for t in meta)
+        self.stamps = tuple(_stamp(t) for t in meta)
+        # Before the plan owns its metadata copies (no refresh_metadata), a device inference tensor re-plans.
+        self.refresh = any(s is _REFRESH for s in self.stamps)
+        if self.refresh and not hasattr(plan, "refresh_metadata"):
+            self.key = None
 
     def hit(self, key: tuple, meta: tuple) -> bool:
         if key != self.key:
             return False
-        for a, b, ver in zip(meta, self.meta, self.versions):
-            if a is not b or (a is not None and a._version != ver):
+        for a, b, st in zip(meta, self.meta, self.stamps):
+            if a is not b:
                 return False
+            if type(st) is int:
+                if a is not None and a._version != st:
+                    return False
+            elif st is not _REFRESH and not torch.equal(a, st):  # a CPU inference tensor: by value
+                return False
+        if self.refresh:
+            self.plan.refresh_metadata(*meta)  # type: ignore[attr-defined]
         return True
 
 
-_last: dict[int, _Cached] = {}  # id(variants) -> the last plan of that registry
+# (id(variants), thread, stream) -> the last plan of that registry there. A thread's entries outlive it
+# until its id is reused (a serving engine's threads live as long as the process).
+_last: dict[tuple[int, int, int], _Cached] = {}
+
+
+def _where(variants: tuple[VariantEntry, ...], q: torch.Tensor) -> tuple[int, int, int]:
+    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
+    return id(variants), threading.get_ident(), stream
 
 
 def clear_plans() -> None:
@@ -75,7 +109,8 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
         key = (q.shape, v.shape[-1], q.dtype, lower_bound, g_bias is None, use_qk_l2norm_in_kernel,
                use_fused_chunk, output_final_state, initial_state is None, state_cache is None,
                checkpoint_state is None)
-        cached = _last.get(id(variants))
+        where = _where(variants, q)
+        cached = _last.get(where)
         fast = (cached is not None and type(output_final_state) is bool and type(use_qk_l2norm_in_kernel) is bool
                 and type(use_fused_chunk) is bool and cached.hit(key, meta))
     except (AttributeError, IndexError, TypeError):  # a non-tensor q or v: the slow path says which
@@ -87,7 +122,7 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
                            output_final_state, lower_bound, use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
                            chunk_offsets, use_fused_chunk, out, checkpoint_state, checkpoint_offsets,
                            checkpoint_state_indices, state_cache, state_indices, has_initial_state)
-    _last[id(variants)] = _Cached(key, meta, plan)
+    _last[_where(variants, q)] = _Cached(key, meta, plan)
     return plan.run(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state, out=out,
                     state_cache=state_cache, checkpoint_state=checkpoint_state)
 

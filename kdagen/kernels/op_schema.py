@@ -211,14 +211,17 @@ def mutated_names() -> tuple[str, ...]:
 
 def markdown_table() -> str:
     """docs/reference.md's argument table (tests/unit/test_op_schema.py keeps the doc equal to it)."""
+    def typ(a: Arg) -> str:
+        return a.type.replace("|", "\\|")  # a bare | would end the cell
+
     rows = ["| argument | type | default | role | written |", "|---|---|---|---|---|"]
     for a in OP_ARGS:
-        rows.append(f"| `{a.name}` | `{a.type}` | {'required' if a.required else f'`{a.default}`'} | {a.role} | "
+        rows.append(f"| `{a.name}` | `{typ(a)}` | {'required' if a.required else f'`{a.default}`'} | {a.role} | "
                     f"{'yes' if a.mutated else ''} |")
     rows.append("")
     rows.append("| `plan_kda_prefill` only | type | default |")
     rows.append("|---|---|---|")
     for a in PLAN_ARGS:
         if a.role == "plan":
-            rows.append(f"| `{a.name}` | `{a.type}` | {'required' if a.required else f'`{a.default}`'} |")
+            rows.append(f"| `{a.name}` | `{typ(a)}` | {'required' if a.required else f'`{a.default}`'} |")
     return "\n".join(rows) + "\n"

@@ -79,9 +79,11 @@ def _fused_writes_v(registry: int, use_fused_chunk: bool, use_qk_l2norm_in_kerne
                                                                      device)
 
 
-# Dynamo calls it once per trace on the constant arguments and keeps the answer (it reads the environment
-# and the filesystem for the compiler, which it cannot trace).
-_fused_writes_v_traced = torch.compiler.assume_constant_result(_fused_writes_v)
+@torch.compiler.assume_constant_result
+def _fused_writes_v_traced(*args) -> bool:
+    # Dynamo calls it on the constant arguments and keeps the answer: it reads the environment and looks for
+    # the compiler on disk, which Dynamo cannot trace.
+    return _fused_writes_v(*args)
 
 
 def traced_call(registry: int, q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state, output_final_state,

@@ -44,8 +44,8 @@ from .registry import VariantEntry
 from .group_scan import env_groups
 from .triton_path import (GROUPS_ENV, TritonProgram, chunk_design, hip_intra_pays, hip_walk_runs, intra_fits,
                           launch_tuning, recurrence_groups, tuning_for, workspace_layout)
-from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_inputs, check_state_cache, is_real,
-                       may_overlap, no_overlap)
+from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_checkpoint_rows_free, check_inputs,
+                       check_state_cache, is_real, may_overlap, no_overlap, self_overlaps)
 from ..targets import refused_config
 from .workspace import check_workspace
 
@@ -233,7 +233,10 @@ class KdaPrefillPlan:
             if not (strides[0][3] == 1 and strides[1][3] == 1 and strides[2][3] == 1 and strides[3][3] == 1):
                 return None
             if g_bias is not None and not (g_bias.numel() == p.H * p.K and g_bias.dtype in FLOAT_DTYPES
-                                           and g_bias.get_device() == dev):
+                                           and g_bias.get_device() == dev
+                                           and (g_bias.dim() != 1 or g_bias.stride(0) == 1 or p.H * p.K == 1)):
+                return None
+            if A_log.dim() == 1 and A_log.stride(0) != 1 and p.H > 1:  # read as ptr + h
                 return None
             if (state_cache is not None) != self._paged or (checkpoint_state is not None) != (
                     b.checkpoint_offsets is not None):
@@ -254,6 +257,11 @@ class KdaPrefillPlan:
                 so = out.stride()
                 if not (out.shape == vs and out.dtype is dt and out.get_device() == dev and so[3] == 1):
                     return None
+                # Row-major without overlap, else the general test (an expanded or as_strided `out`).
+                if not ((vs[2] == 1 or so[2] >= vs[3]) and (vs[1] == 1 or so[1] >= (vs[2] - 1) * so[2] + vs[3])
+                        and (vs[0] == 1 or so[0] >= (vs[1] - 1) * so[1] + (vs[2] - 1) * so[2] + vs[3])) \
+                        and self_overlaps(out):
+                    return None
                 if out.numel() and (initial_state is not None or state_cache is not None
                                     or checkpoint_state is not None):
                     # `out` spans [o0, o1); a state is dense within its rows (checked above).
@@ -266,6 +274,10 @@ class KdaPrefillPlan:
                                        + p.V * p.K) * 4
                             if o0 < s1 and s0 < o1:
                                 return None
+            if checkpoint_state is not None and (initial_state is not None or state_cache is not None):
+                # Raises: a snapshot row on a live state (the rows compared where they are readable).
+                check_checkpoint_rows_free(p, checkpoint_state, b.checkpoint_offsets, b.checkpoint_state_indices,
+                                           initial_state, state_cache, b.state_indices, self._data_checks)
         except (AttributeError, TypeError, IndexError):  # not a tensor where one belongs: _explain says which
             return None
         return strides

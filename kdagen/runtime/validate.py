@@ -95,6 +95,19 @@ def contiguous_1d(arg: str, t: torch.Tensor, fix: str = "") -> None:
              fix or f"Pass {arg}.contiguous()")
 
 
+def self_overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of t share memory (an expand's stride 0, an as_strided view): taken by stride,
+    each dim must step past everything the dims inside it span."""
+    if t.numel() == 0:
+        return False
+    span = 0  # how far the inner dims reach, in elements
+    for st, n in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if st <= span:
+            return True
+        span += (n - 1) * st
+    return False
+
+
 def flag(arg: str, x: object) -> None:
     # numpy bools are not ints; accept them, they come from host-side metadata builders.
     if isinstance(x, bool) or (type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_")):
@@ -203,10 +216,14 @@ def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu
     tensor("A_log", A_log, dtypes=FLOAT_DTYPES, device=dev)
     if A_log.numel() != H:
         fail("A_log", f"{H} values (one per head)", _desc(A_log))
+    if A_log.dim() == 1:  # read as ptr + h (other ranks are flattened into a copy)
+        contiguous_1d("A_log", A_log)
     if g_bias is not None:
         tensor("g_bias", g_bias, dtypes=FLOAT_DTYPES, device=dev)
         if g_bias.numel() != H * K:
             fail("g_bias", f"{H * K} values (H * K, viewed [H, K])", _desc(g_bias))
+        if g_bias.dim() == 1:
+            contiguous_1d("g_bias", g_bias)
     if not is_real(scale):
         fail("scale", "None or a finite float", _what(scale), exc=TypeError)
     if not math.isfinite(scale):
@@ -225,6 +242,10 @@ def check_inputs(q, k, v, raw_g, raw_beta, A_log, g_bias, scale, lower_bound, cu
         tensor("out", out, dims=4, dtypes=(v.dtype,), device=dev)
         shape("out", out, tuple(v.shape), "like v")
         unit_last_stride("out", out)
+        if self_overlaps(out):
+            fail("out", "a buffer whose elements do not overlap (every token and head written once)",
+                 f"strides {out.stride()} for shape {tuple(out.shape)}",
+                 "Pass a dense buffer, e.g. torch.empty_like(v)")
         # The recurrence reads initial_state in the same launch that writes out. (q, k, v, raw_g and
         # raw_beta are read only by the prologue, which completes before out is written.)
         no_overlap("out", out, "initial_state", initial_state, "the walk reads it while writing out")
@@ -272,6 +293,38 @@ def check_optional_args(p: Problem, device, *, out, state_cache, state_indices, 
     if out is not None:
         no_overlap("out", out, "state_cache", state_cache, "the walk reads and writes it while writing out")
         no_overlap("out", out, "checkpoint_state", checkpoint_state, "the walk writes it while writing out")
+
+
+def check_checkpoint_rows_free(p: Problem, checkpoint_state: torch.Tensor, checkpoint_offsets: torch.Tensor,
+                               checkpoint_state_indices: torch.Tensor | None, initial_state: torch.Tensor | None,
+                               state_cache: torch.Tensor | None, state_indices: torch.Tensor | None,
+                               read_values: bool) -> None:
+    """No snapshot lands on a state the walk still reads or writes: checkpoint_state must not overlap
+    initial_state, and where it shares memory with state_cache, no written snapshot row may be a row of
+    state_indices (a sequence's live state). The rows are compared only when `read_values` (the index
+    tensors are on the CPU, or KDAGEN_DEBUG=1): on a device that would sync."""
+    no_overlap("checkpoint_state", checkpoint_state, "initial_state", initial_state,
+               "the walk reads the initial states while it writes snapshots")
+    if state_cache is None or state_indices is None or not read_values or not may_overlap(checkpoint_state,
+                                                                                          state_cache):
+        return
+    off = checkpoint_offsets.detach().to("cpu", torch.int64)
+    rows = (checkpoint_state_indices.detach().to("cpu", torch.int64) if checkpoint_state_indices is not None
+            else torch.arange(p.N))
+    slots = state_indices.detach().to("cpu", torch.int64)
+    row_bytes = p.H * p.V * p.K * 4
+    written = torch.nonzero((off > 0) & (rows >= 0)).flatten()
+    live = torch.nonzero(slots >= 0).flatten()
+    if written.numel() == 0 or live.numel() == 0:
+        return
+    c0 = checkpoint_state.data_ptr() + rows[written] * checkpoint_state.stride(0) * 4
+    s0 = state_cache.data_ptr() + slots[live] * state_cache.stride(0) * 4
+    clash = torch.nonzero((c0[:, None] - s0[None, :]).abs() < row_bytes)
+    if clash.numel():
+        n, m = int(written[clash[0, 0]]), int(live[clash[0, 1]])
+        fail("checkpoint_state", "rows apart from every sequence's state_cache row",
+             f"sequence {n}'s snapshot row {int(rows[n])} on state_cache row {int(slots[m])}, the live state of "
+             f"sequence {m}", "Route snapshots to spare rows with checkpoint_state_indices")
 
 
 def check_checkpoint(p: Problem, device, checkpoint_state, checkpoint_offsets, checkpoint_state_indices) -> None:

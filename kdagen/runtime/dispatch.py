@@ -56,26 +56,29 @@ def _stamp(t: torch.Tensor | None) -> object:
 
 
 class _Cached:
-    __slots__ = ("key", "meta", "stamps", "plan", "refresh")
+    __slots__ = ("key", "meta", "versioned", "by_value", "plan", "refresh")
 
     def __init__(self, key: tuple, meta: tuple, plan: KdaPrefillPlan):
         self.key, self.meta, self.plan = key, meta, plan
-        self.stamps = tuple(_stamp(t) for t in meta)
+        stamps = [(t, _stamp(t)) for t in meta if t is not None]
+        self.versioned = tuple((t, st) for t, st in stamps if type(st) is int)
+        self.by_value = tuple((t, st) for t, st in stamps if isinstance(st, torch.Tensor))
         # Before the plan owns its metadata copies (no refresh_metadata), a device inference tensor re-plans.
-        self.refresh = any(s is _REFRESH for s in self.stamps)
+        self.refresh = any(st is _REFRESH for _, st in stamps)
         if self.refresh and not hasattr(plan, "refresh_metadata"):
             self.key = None
 
     def hit(self, key: tuple, meta: tuple) -> bool:
         if key != self.key:
             return False
-        for a, b, st in zip(meta, self.meta, self.stamps):
+        for a, b in zip(meta, self.meta):
             if a is not b:
                 return False
-            if type(st) is int:
-                if a is not None and a._version != st:
-                    return False
-            elif st is not _REFRESH and not torch.equal(a, st):  # a CPU inference tensor: by value
+        for t, ver in self.versioned:
+            if t._version != ver:
+                return False
+        for t, copy in self.by_value:  # CPU inference tensors
+            if not torch.equal(t, copy):
                 return False
         if self.refresh:
             self.plan.refresh_metadata(*meta)  # type: ignore[attr-defined]

@@ -234,9 +234,9 @@ class KdaPrefillPlan:
                 return None
             if g_bias is not None and not (g_bias.numel() == p.H * p.K and g_bias.dtype in FLOAT_DTYPES
                                            and g_bias.get_device() == dev
-                                           and (g_bias.dim() != 1 or g_bias.stride(0) == 1 or p.H * p.K == 1)):
+                                           and (g_bias.is_contiguous() or g_bias.dim() != 1)):
                 return None
-            if A_log.dim() == 1 and A_log.stride(0) != 1 and p.H > 1:  # read as ptr + h
+            if not A_log.is_contiguous() and A_log.dim() == 1:  # read as ptr + h (other ranks: a flat copy)
                 return None
             if (state_cache is not None) != self._paged or (checkpoint_state is not None) != (
                     b.checkpoint_offsets is not None):
@@ -257,10 +257,7 @@ class KdaPrefillPlan:
                 so = out.stride()
                 if not (out.shape == vs and out.dtype is dt and out.get_device() == dev and so[3] == 1):
                     return None
-                # Row-major without overlap, else the general test (an expanded or as_strided `out`).
-                if not ((vs[2] == 1 or so[2] >= vs[3]) and (vs[1] == 1 or so[1] >= (vs[2] - 1) * so[2] + vs[3])
-                        and (vs[0] == 1 or so[0] >= (vs[1] - 1) * so[1] + (vs[2] - 1) * so[2] + vs[3])) \
-                        and self_overlaps(out):
+                if not out.is_contiguous() and self_overlaps(out):  # an expanded or as_strided `out`
                     return None
                 if out.numel() and (initial_state is not None or state_cache is not None
                                     or checkpoint_state is not None):

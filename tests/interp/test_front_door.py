@@ -19,13 +19,6 @@ H, K, V = 2, 64, 64
 LENS = [9, 3]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_plans():
-    dispatch.clear_plans()
-    yield
-    dispatch.clear_plans()
-
-
 def _args(seed: int = 0, lens=LENS, **kw) -> dict:
     return make_inputs(lens, H, K, V, torch.bfloat16, "cpu", seed=seed, **kw)
 

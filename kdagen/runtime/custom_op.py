@@ -79,7 +79,15 @@ def _fused_writes_v(registry: int, use_fused_chunk: bool, use_qk_l2norm_in_kerne
                                                                      device)
 
 
-@torch.compiler.assume_constant_result
+def assume_constant_result(fn):
+    """torch.compiler.assume_constant_result without its import of torch._dynamo (0.8 s at package import,
+    for a call that only ever runs under Dynamo): it marks the function, and so does this
+    (tests/unit/test_op_schema.py checks that the marks agree)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@assume_constant_result
 def _fused_writes_v_traced(*args) -> bool:
     # Dynamo calls it on the constant arguments and keeps the answer: it reads the environment and looks for
     # the compiler on disk, which Dynamo cannot trace.

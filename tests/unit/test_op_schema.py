@@ -78,3 +78,15 @@ def test_the_docs_table_is_the_schemas():
     doc = (ROOT / "docs" / "reference.md").read_text("utf-8")
     m = re.search(r"<!-- op-schema table[^\n]*\n(.*?)<!-- end op-schema table -->", doc, re.S)
     assert m is not None and m.group(1) == op_schema.markdown_table()
+
+
+def test_the_constant_mark_is_torchs():
+    def a():
+        return 0
+
+    def b():
+        return 0
+
+    torch.compiler.assume_constant_result(a)
+    custom_op.assume_constant_result(b)
+    assert {k: v for k, v in vars(a).items()} == {k: v for k, v in vars(b).items()} != {}

@@ -7,7 +7,7 @@ Note [Plan cache] below, and Note [Plan and run] in plan.py.
 
 from __future__ import annotations
 
-import threading
+from threading import get_ident as _get_ident
 
 import torch
 
@@ -90,9 +90,8 @@ class _Cached:
 _last: dict[tuple[int, int, int], _Cached] = {}
 
 
-def _where(variants: tuple[VariantEntry, ...], q: torch.Tensor) -> tuple[int, int, int]:
-    stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-    return id(variants), threading.get_ident(), stream
+def _stream(q: torch.Tensor) -> int:
+    return torch.cuda.current_stream(q.device).cuda_stream
 
 
 def clear_plans() -> None:
@@ -112,7 +111,8 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
         key = (q.shape, v.shape[-1], q.dtype, lower_bound, g_bias is None, use_qk_l2norm_in_kernel,
                use_fused_chunk, output_final_state, initial_state is None, state_cache is None,
                checkpoint_state is None)
-        where = _where(variants, q)
+        # Inline (every layer): which (registry, thread, stream) this call's plan belongs to.
+        where = (id(variants), _get_ident(), _stream(q) if q.is_cuda else 0)
         cached = _last.get(where)
         fast = (cached is not None and type(output_final_state) is bool and type(use_qk_l2norm_in_kernel) is bool
                 and type(use_fused_chunk) is bool and cached.hit(key, meta))
@@ -125,7 +125,7 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
                            output_final_state, lower_bound, use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
                            chunk_offsets, use_fused_chunk, out, checkpoint_state, checkpoint_offsets,
                            checkpoint_state_indices, state_cache, state_indices, has_initial_state)
-    _last[_where(variants, q)] = _Cached(key, meta, plan)
+    _last[(id(variants), _get_ident(), _stream(q) if q.is_cuda else 0)] = _Cached(key, meta, plan)
     return plan.run(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state, out=out,
                     state_cache=state_cache, checkpoint_state=checkpoint_state)
 

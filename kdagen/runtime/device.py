@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which kdagen target the current device is, and the env switches (group_scan.py and cache.py read their own)."""
+"""Which kdagen target the current device is, the interpreter flag and KDAGEN_DEBUG (settings.py reads the plan's
+overrides; cache.py and jit_hip.py the build cache's)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,6 @@ def check_interpreter_mode(device) -> None:
     if device.type != "cpu" and _INTERPRETING:
         raise ValueError(f"chunk_kda_prefill: TRITON_INTERPRET=1 is set but the tensors are on {device}; unset it "
                          "to run the compiled kernels")
-
-
-def jit_launch_forced() -> bool:
-    """KDAGEN_TRITON_JIT_LAUNCH=1: every Triton launch goes through JITFunction.run (Note [Compiled launch])."""
-    return os.environ.get("KDAGEN_TRITON_JIT_LAUNCH", "0") not in ("", "0")
 
 
 def debug_enabled() -> bool:

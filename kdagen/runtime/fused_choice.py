@@ -104,6 +104,21 @@ def _compiler_present(entry: VariantEntry, target: str) -> bool:
     return True
 
 
+def built_library(entry: VariantEntry, target: str) -> tuple[jit_hip.HipLibrary | None, str | None]:
+    """The built library, or None and why not (its compiler or installed source is missing); no warning (explicit pipelines raise
+    instead). jit_hip.HipCompileError propagates."""
+    key = (entry.name, target)
+    lib = _fused_libs.get(key)
+    if lib is None and key not in _no_compiler:
+        try:
+            lib = _fused_libs[key] = entry.load(target)  # type: ignore[assignment]
+        except jit_hip.ToolchainUnavailableError as exc:  # no compiler, or no installed source
+            _no_compiler[key] = str(exc)
+    if lib is not None:
+        return lib, None
+    return None, f"the fused variant {entry.name} cannot be built for {target}: {_no_compiler[key]}"
+
+
 def fused_library(entry: VariantEntry, target: str) -> jit_hip.HipLibrary | None:
     """The built fused library, or None (after one warning) when its compiler is missing: the call then
     runs the Triton path, which computes the same results and writes checkpoints too.
@@ -111,15 +126,9 @@ def fused_library(entry: VariantEntry, target: str) -> jit_hip.HipLibrary | None
     jit_hip.HipCompileError (a broken generated source or toolchain) propagates.
     """
     key = (entry.name, target)
-    lib = _fused_libs.get(key)
+    lib, _ = built_library(entry, target)
     if lib is not None:
         return lib
-    if key not in _no_compiler:
-        try:
-            lib = _fused_libs[key] = entry.load(target)
-            return lib
-        except jit_hip.ToolchainUnavailableError as exc:  # no compiler, or no installed source
-            _no_compiler[key] = str(exc)
     if key not in _warned_no_compiler:
         _warned_no_compiler.add(key)
         warnings.warn(

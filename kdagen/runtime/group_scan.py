@@ -1,18 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""How many groups the recurrence's walk is cut into: the cost model both paths share (Note [Group count])."""
+"""How many groups the Triton walk is cut into: the cost model (Note [Group count]); its parameters per target
+are pipeline.RULES."""
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 
 MAX_GROUPS = 32  # the cost model's largest choice
-MAX_FORCED_GROUPS = 1024  # an explicit count (argument or env): bounds the grid's group dimension
+MAX_FORCED_GROUPS = 1024  # an explicit count (groups= or KDAGEN_TRITON_GROUPS): bounds the grid's group dimension
 # One group-scan step (a [16, K] x [K, K] fp32 product per block) in units of one chunk step of the walk
-# (the fused path's; the Triton path passes its own measured costs).
+# (a default; plans pass their target's measured costs).
 _SCAN_STEP = 0.5
 
 # Note [Group count]
@@ -23,7 +23,8 @@ _SCAN_STEP = 0.5
 # models the time as waves of resident blocks x chunk steps per wave and takes the cheapest G; G = 1 is
 # the plain walk. Rounding differs between group counts (M_g is applied in fp32, the walk rounds its
 # bf16 operands per chunk), so bit-reproducible checkpoints across differently cut prefills need a
-# fixed G: the path's env var (KDAGEN_FUSED_GROUPS, KDAGEN_TRITON_GROUPS) set to 1 pins it.
+# fixed G: groups=1 (or KDAGEN_TRITON_GROUPS=1 for an experiment) pins it; checkpointing plans keep G = 1
+# unless asked otherwise (pipeline.choose_pipeline).
 
 
 def choose_groups(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
@@ -57,20 +58,3 @@ def device_sms(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def env_groups(name: str) -> int | None:
-    """An explicit group count from env var `name`; None when unset or "auto"."""
-    raw = os.environ.get(name, "").strip()
-    if not raw or raw == "auto":
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{name}={raw!r}: expected a positive integer (1 = the plain walk) or 'auto'")
-    return int(raw)
-
-
-def check_groups(groups: object, op: str) -> int:
-    if not (isinstance(groups, int) and not isinstance(groups, bool) and 1 <= groups <= MAX_FORCED_GROUPS):
-        raise ValueError(f"{op}: groups must be an int in 1..{MAX_FORCED_GROUPS} (more groups than chunks only "
-                         f"adds empty ones), got {groups!r}")
-    return groups

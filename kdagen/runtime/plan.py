@@ -14,40 +14,34 @@ Note [Plan and run]
     layer after another), like a serving engine's forward pass. Runs are graph-capturable.
 
 Note [Fused plans]
-    A fused plan (use_fused_chunk=True, Note [Fused path choice]) runs the HIP kda_intra_kernel (the
-    chunk-parallel half on 16-row walk chunks, templates/hip/include/kda_intra.h) in place of the Triton
-    kda_intra, then the HIP kda_walk_kernel (kda_walk.h) on the same workspace: the Triton program with its
-    launches replaced, so state routing, checkpoints and graph capture follow the Triton path's. The HIP walk
-    has no group split, so such a plan walks as one group (unless a group count is forced, which takes the
-    Triton walk; so does KDAGEN_FUSED_WALK=triton or a library on the FMA fallback). That needs the gate
-    and norm kda_intra needs (triton_path.intra_fits) and a Triton variant of the same head dims; otherwise the
-    fused path's own two kernels (kda_prologue.h, kda_recurrence.h) run, as they did before. The HIP kernel
-    takes 16-row walk steps, which pay only where the walks fill at least half the GPU
-    (triton_path.hip_intra_pays; KDAGEN_FUSED_INTRA=always / never overrides): below that the plan runs the
-    Triton program as the Triton path would. On the H200 the HIP kernel takes 24% less time than the Triton
-    kda_intra and the HIP walk 36% less than the Triton walk on 16-row steps (docs/perf-notes.md sections 27, 28
-    and 30). With no `out` the output goes into v, the fused path's contract (fused_output).
+    A fused plan (use_fused_chunk=True, Note [Fused path choice]) runs the pipeline choose_pipeline picks
+    (Note [Pipelines], pipeline.py): hip_intra + hip_walk where the gate, the norm and the GPU's fill allow,
+    hip_intra + triton_walk where a group split was asked for or the library has no walk, else the Triton
+    program. Every stage reads the plan's one workspace and metadata, so state routing, checkpoints and graph
+    capture are the Triton path's. With no `out` the output goes into v, the fused path's contract
+    (fused_output). On the H200 the HIP kernel takes 24% less time than the Triton kda_intra and the HIP walk
+    36% less than the Triton walk on 16-row steps (docs/perf-notes.md sections 27, 28 and 30).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
-from . import debug_checks, fused_path
+from . import debug_checks
+from .fused_path import HipIntraLaunch, HipWalkLaunch
 from .jit_hip import HipLibrary
+from .pipeline import Pipeline, Program
+from .plan_metadata import META_NAMES, PlanMetadata
 from .registry import VariantEntry
-from .group_scan import env_groups
-from .triton_path import (GROUPS_ENV, TritonProgram, chunk_design, hip_intra_pays, hip_walk_runs, intra_fits,
-                          launch_tuning, recurrence_groups, tuning_for, workspace_layout)
+from .triton_path import chunk_buffers, chunk_launches, walk_buffers, walk_launches, walk_split
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_checkpoint_rows_free, check_inputs,
                        check_state_cache, is_real, may_overlap, no_overlap, self_overlaps)
-from ..targets import refused_config
-from .workspace import check_workspace
+from .workspace import WorkspaceLayout, check_workspace
 
 
 @dataclass(frozen=True)
@@ -75,13 +69,21 @@ class KdaPrefillPlan:
     `make_plan` (after validation). See Note [Plan and run]."""
 
     def __init__(self, b: Batch, *, entry: VariantEntry, target: str, mod: ModuleType | None,
-                 lib: HipLibrary | None, groups: int | None, workspace: torch.Tensor | None,
-                 tuning: Mapping[str, int] | None, data_checks: bool, design: str | None = None):
+                 lib: HipLibrary | None, pipeline: Pipeline, tuning: Mapping[str, int] | None,
+                 meta: PlanMetadata, workspace: torch.Tensor | None, data_checks: bool, into_v: bool,
+                 sms: int | None, direct: bool, check_meta: Callable[[Mapping], None] | None = None):
+        """From make_plan (planning.py), which chose the variant and the pipeline; builds the stages."""
         p = self.problem = b.p
         self.batch = b
-        self.entry, self.target, self.lib = entry, target, lib
-        self.path = "fused" if lib is not None else "triton"
-        self.program: TritonProgram | None = None
+        self.entry, self.target, self.mod, self.lib, self.pipeline = entry, target, mod, lib, pipeline
+        self.metadata = meta
+        self.path = "fused" if "hip" in pipeline.name else "triton"
+        self.design = "pair" if pipeline.chunk == "triton_pair" else "intra"
+        self.groups = pipeline.groups
+        self.tuning = dict(tuning) if tuning is not None else None
+        self.launch_tuning = dict(pipeline.knobs)
+        self._into_v = into_v  # the fused path's contract: no `out` writes into v (fused_output)
+        self._check_meta = check_meta
         self._data_checks = data_checks
         self._checked_rows: set[tuple[str, int]] = set()
         self._packed_shape = (1, p.B * p.T, p.H)
@@ -89,59 +91,77 @@ class KdaPrefillPlan:
         self._dev_index = b.device.index if b.device.type == "cuda" else -1
         self._paged = b.state_indices is not None
         self._final_shape = (p.N, p.H, p.V, p.K)
-        cu, ci, co = packed_metadata(p, entry.chunk_size, b.device, b.cu_seqlens, b.chunk_indices, b.chunk_offsets)
-        self._cu, self._ci, self._co = cu, ci, co
-        if lib is not None and (mod is None or intra_fits(b.lower_bound, b.use_qk_l2norm) is not None):
-            # Note [Fused plans]: the fused path's own two kernels.
-            self.groups = groups  # None: fused_path picks from its own cost model
-            self.workspace_bytes = 0
-            return
-        assert mod is not None
-        self.tuning = tun = dict(tuning) if tuning is not None else tuning_for(mod, target)
-        if (why := refused_config(target, tun)) is not None:
-            raise ValueError(f"{OP}: tuning {tun} refused on {target}: {why}")
-        n_chunks = ci.shape[0]
-        self.design = design = chunk_design(b.lower_bound, b.use_qk_l2norm, "intra" if lib is not None else design)
-        hip = lib is not None and hip_intra_pays(p.N * p.H, b.device)
-        hip_walk = hip and hip_walk_runs(lib.walk_threads > 0)
-        if hip_walk and groups is None and env_groups(GROUPS_ENV) is None:
-            groups = 1  # kda_walk_kernel walks each sequence whole (the group split is the Triton walk's)
-        # The group count's model counts metadata chunks and was fitted on whole-chunk walks; kda_intra's walk
-        # takes twice the steps at about half the work each (7-9% slower in all, docs/perf-notes.md section 23).
-        # Not re-fitted: its single-sequence calls measured 1-11% faster with the same counts.
-        self.groups = recurrence_groups(mod, tun, p.N, p.H, n_chunks, b.device, groups,
-                                        checkpoints=b.checkpoint_offsets is not None)
-        # The launches' knobs: the target's, or its dense_* ones when the walks fill the GPU.
-        lt = launch_tuning(mod, tun, p.N * p.H, self.groups, b.device, design)
-        if hip:
-            lt = {**lt, "intra_rows": fused_path.INTRA_ROWS}  # the HIP kernel's walk chunk
-        self.launch_tuning = lt
-        if (why := refused_config(target, lt)) is not None:
-            raise ValueError(f"{OP}: tuning {lt} (its dense_* knobs: the walks fill the GPU) refused on {target}: "
-                             f"{why}")
-        layout = workspace_layout(mod, p.B * p.T, p.H, n_chunks, p.N, self.groups, b.dtype, design, lt["intra_rows"])
+        cu, ci, co = meta["cu_seqlens"], meta["chunk_indices"], meta["chunk_offsets"]
+        self._cu = cu
+        n_chunks = ci.shape[0] if ci.numel() else 0
+        rows = self.launch_tuning.get("intra_rows", 16)
+        bk, bv = (mod.BK, mod.BV) if mod is not None else (p.K, p.V)
+        split = walk_split(self.design, entry.chunk_size, rows)
+        layout = WorkspaceLayout.of(
+            chunk_buffers(self.design, p.B * p.T, p.H, bk, bv, entry.chunk_size, n_chunks, b.dtype, rows)
+            + (walk_buffers(self.groups, p.N, p.H, bk, bv) if pipeline.walk == "triton_walk" else []))
         self.workspace_bytes = layout.nbytes
-        if workspace is None:
-            storage = torch.empty(layout.nbytes, dtype=torch.uint8, device=b.device)
-        else:
-            storage = check_workspace(workspace, layout.nbytes, b.device, OP)
+        storage = (torch.empty(layout.nbytes, dtype=torch.uint8, device=b.device) if workspace is None
+                   else check_workspace(workspace, layout.nbytes, b.device, OP))
         self.workspace = storage
+        ws = layout.views(storage)
         state_ins = (2,) if self._paged else (0, 1)
         state_out = 2 if self._paged else int(b.output_final_state)
-        self.program = TritonProgram(
-            mod, target=target, tuning=lt, ws=layout.views(storage), H=p.H, N=p.N, n_chunks=n_chunks,
-            groups=self.groups, lower_bound=b.lower_bound, has_bias=b.has_g_bias, use_l2norm=b.use_qk_l2norm,
-            cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co, state_ins=state_ins,
-            state_out=state_out, state_indices=b.state_indices,
-            has_initial_state=b.has_initial_state, device=b.device, checkpoint_offsets=b.checkpoint_offsets,
-            checkpoint_state_indices=b.checkpoint_state_indices, design=design,
-            hip_intra=None if not hip else lambda ws: fused_path.HipIntraLaunch(
-                lib, ws, cu_seqlens=cu, chunk_indices=ci, lower_bound=b.lower_bound, has_bias=b.has_g_bias, H=p.H),
-            hip_walk=None if not hip_walk else
-            lambda ws, state_in: fused_path.HipWalkLaunch(
-                lib, ws, state_in=state_in, state_out=state_out, cu_seqlens=cu, chunk_offsets=co, H=p.H, N=p.N,
-                state_indices=b.state_indices, has_initial_state=b.has_initial_state,
-                checkpoint_offsets=b.checkpoint_offsets, checkpoint_state_indices=b.checkpoint_state_indices))
+        lt = self.launch_tuning
+        if pipeline.chunk == "hip_intra":
+            chunk = {} if n_chunks == 0 or p.H == 0 else {"intra": HipIntraLaunch(
+                lib, ws, cu_seqlens=meta.converted("cu_seqlens", torch.int32),  # type: ignore[arg-type]
+                chunk_indices=meta.converted("chunk_indices", torch.int32),  # type: ignore[arg-type]
+                lower_bound=b.lower_bound, has_bias=b.has_g_bias, H=p.H)}  # type: ignore[arg-type]
+        else:
+            chunk = chunk_launches(mod, self.design, target=target, tuning=lt, ws=ws, H=p.H, n_chunks=n_chunks,
+                                   lower_bound=b.lower_bound, has_bias=b.has_g_bias, use_l2norm=b.use_qk_l2norm,
+                                   cu_seqlens=cu, chunk_indices=ci, direct=direct)
+        routing = dict(state_indices=b.state_indices, has_initial_state=b.has_initial_state,
+                       checkpoint_offsets=b.checkpoint_offsets, checkpoint_state_indices=b.checkpoint_state_indices)
+        if pipeline.walk == "hip_walk":
+            walks = {} if p.N == 0 or p.H == 0 else {s: (HipWalkLaunch(
+                lib, ws, state_in=s, state_out=state_out, cu_seqlens=meta.converted("cu_seqlens", torch.int32),
+                chunk_offsets=meta.converted("chunk_offsets", torch.int64), H=p.H, N=p.N,
+                state_indices=meta.converted("state_indices", torch.int32),
+                has_initial_state=_flag_bytes(meta.converted("has_initial_state", torch.bool)),
+                checkpoint_offsets=meta.converted("checkpoint_offsets", torch.int32),
+                checkpoint_state_indices=meta.converted("checkpoint_state_indices", torch.int32)),)
+                for s in state_ins}
+        else:
+            walks = walk_launches(mod, split=split, target=target, tuning=lt, ws=ws, H=p.H, N=p.N,
+                                  groups=self.groups, sms=sms, cu_seqlens=cu, chunk_offsets=co, state_ins=state_ins,
+                                  state_out=state_out, direct=direct, **routing)
+        self.program = Program(pipeline, chunk, walks, direct)
+
+    def describe(self) -> str:
+        """Which stages, groups and knobs this plan runs, and why."""
+        p, b = self.problem, self.batch
+        names = self.entry.name
+        if self.lib is not None and self.path == "fused":
+            names += f" (HIP library {getattr(self.lib, 'name', '?')})"
+        into = "into v (the fused path's contract)" if self._into_v else "a new tensor"
+        knobs = ", ".join(f"{k}={v}" for k, v in sorted(self.launch_tuning.items())) or "none (HIP stages only)"
+        return "\n".join((
+            f"kdagen plan on {self.target}: {names}",
+            f"  batch: B={p.B} T={p.T} H={p.H} K={p.K} V={p.V}, {p.N} sequences, {self.entry.chunk_size}-token "
+            f"metadata chunks, lower_bound={b.lower_bound}, L2 norm in kernel={b.use_qk_l2norm}",
+            f"  pipeline: {self.pipeline.name}, {self.groups} group{'s' if self.groups > 1 else ''}",
+            f"  why: {self.pipeline.reason}",
+            f"  knobs: {knobs}",
+            f"  workspace: {self.workspace_bytes} bytes; output without `out`: {into}"))
+
+    def refresh_metadata(self, cu_seqlens: torch.Tensor | None = None, chunk_indices: torch.Tensor | None = None,
+                         chunk_offsets: torch.Tensor | None = None, state_indices: torch.Tensor | None = None,
+                         has_initial_state: torch.Tensor | None = None,
+                         checkpoint_offsets: torch.Tensor | None = None,
+                         checkpoint_state_indices: torch.Tensor | None = None) -> None:
+        """Copy new metadata and routing (same shapes and dtypes as planned; None where the plan has none)
+        into the plan's own buffers, asynchronously on the current stream (Note [Plan metadata])."""
+        new = dict(zip(META_NAMES, (cu_seqlens, chunk_indices, chunk_offsets, state_indices, has_initial_state,
+                                    checkpoint_offsets, checkpoint_state_indices)))
+        self.metadata.refresh(new, self._check_meta if self._data_checks else None)
+        self._checked_rows.clear()
 
     # ------------------------------------------------------------------------------------------- run
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,
@@ -161,21 +181,18 @@ class KdaPrefillPlan:
                           checkpoint_state, scale)
         if self._data_checks:
             self._check_rows(state_cache, checkpoint_state)
-        if self.program is None:
-            return self._run_fused(q, k, v, raw_g, raw_beta, A_log, g_bias, float(scale), initial_state, out,
-                                   state_cache, checkpoint_state)
-        if self.lib is not None and out is None:
+        if self._into_v and out is None:
             out = fused_output(v, initial_state, state_cache, checkpoint_state)  # the fused path's contract
         values, state_in, o, o_packed, final = self.bind(q, k, v, raw_g, raw_beta, A_log, g_bias, scale,
                                                          initial_state, out, state_cache, strides, checkpoint_state)
-        self.program.run(values, state_in)  # type: ignore[union-attr]
+        self.program.run(values, state_in)
         if o_packed is not o:
             o.copy_(o_packed.view(o.shape))
         return o, final
 
     def bind(self, q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state, out, state_cache,
              strides=None, checkpoint_state=None) -> tuple[list, int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The Triton launches' per-run arguments for checked tensors, the recurrence's STATE_IN, the output,
+        """The launches' per-run arguments for checked tensors, the recurrence's STATE_IN, the output,
         its packed view and the final state (allocated here). Tools time single kernels with it."""
         b, p = self.batch, self.problem
         if strides is None:
@@ -203,7 +220,7 @@ class KdaPrefillPlan:
         spare = self._cu  # any valid pointer for an unused state argument; the constexprs keep it unread
         sh0 = h0.stride() if h0 is not None else (0, 0)
         sht = sh0 if ht is h0 else ht.stride() if ht is not None else (0, 0)
-        # In triton_path.RUN_ORDER.
+        # In run_values.RUN_ORDER.
         values = [q, k, v, raw_g, raw_beta, A_log if A_log.dim() == 1 else A_log.reshape(-1),
                   A_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1), float(scale),
                   sq[1], sq[2], sk[1], sk[2], sv[1], sv[2], sg[1], sg[2], sb[1], sb[2],
@@ -324,22 +341,6 @@ class KdaPrefillPlan:
                                                checkpoint_state.shape[0])
             self._checked_rows.add(("ckpt", checkpoint_state.shape[0]))
 
-    def _run_fused(self, q, k, v, raw_g, raw_beta, A_log, g_bias, scale, initial_state, out, state_cache,
-                   checkpoint_state) -> tuple[torch.Tensor, torch.Tensor | None]:
-        b, p = self.batch, self.problem
-        o = out if out is not None else fused_output(v, initial_state, state_cache, checkpoint_state)
-        final = None
-        if state_cache is None and b.output_final_state:
-            final = torch.empty(self._final_shape, dtype=torch.float32, device=v.device)
-        fused_path.run_fused(
-            self.lib, q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias, scale=scale,
-            lower_bound=b.lower_bound, cu_seqlens=self._cu, chunk_indices=self._ci, chunk_offsets=self._co, out=o,
-            initial_state=_dense_rows(initial_state, p), final_state=final, state_cache=state_cache,
-            state_indices=b.state_indices, has_initial_state=b.has_initial_state, checkpoint_state=checkpoint_state,
-            checkpoint_offsets=b.checkpoint_offsets, checkpoint_state_indices=b.checkpoint_state_indices,
-            use_qk_l2norm=True, groups=self.groups)
-        return o, final
-
 
 def packed_metadata(p: Problem, chunk: int, device: torch.device, cu_seqlens, chunk_indices, chunk_offsets):
     """cu_seqlens / chunk_indices / chunk_offsets for the packed [1, B*T] view of the batch."""
@@ -371,9 +372,6 @@ def fused_output(v: torch.Tensor, *others: torch.Tensor | None) -> torch.Tensor:
     return torch.empty(v.shape, dtype=v.dtype, device=v.device)
 
 
-def _dense_rows(t: torch.Tensor | None, p: Problem) -> torch.Tensor | None:
-    # The fused kernels index a state row as one dense [H, V, K] block; validate.py allows a padded head
-    # stride, which only initial_state (read-only) can have here.
-    if t is None or t.stride()[1:] == (p.V * p.K, p.K, 1):
-        return t
-    return t.contiguous()
+def _flag_bytes(t: torch.Tensor | None) -> torch.Tensor | None:
+    # has_initial_state as the HIP kernels read it: one byte per sequence (a view of the plan's bool copy).
+    return t.view(torch.uint8) if t is not None else None

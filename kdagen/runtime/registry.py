@@ -67,9 +67,24 @@ def _describe(entries: tuple[VariantEntry, ...]) -> str:
         f"targets={','.join(e.targets)} ({e.spec})" for e in entries) or "  (none)"
 
 
+def chunk_order(chunk: int) -> tuple[bool, int]:
+    """Sort key of chunk sizes: PREFERRED_CHUNK first (vLLM's metadata), then larger before smaller."""
+    return chunk != PREFERRED_CHUNK, -chunk
+
+
+def chunk_sizes(entries: tuple[VariantEntry, ...], *, head_dim_k: int, head_dim_v: int, dtype: torch.dtype,
+                target: str) -> list[int]:
+    """The chunk sizes the registry serves (K, V, dtype) in on `target`, any backend, in preference order."""
+    dname = DTYPE_NAMES.get(dtype)
+    sizes = {e.chunk_size for e in entries if e.head_dim_k == head_dim_k and e.head_dim_v == head_dim_v
+             and e.dtype == dname and (target == INTERPRETER or target in e.targets)}
+    return sorted(sizes, key=chunk_order)
+
+
 def select_variant(entries: tuple[VariantEntry, ...], *, backend: str, head_dim_k: int, head_dim_v: int,
-                   dtype: torch.dtype, target: str) -> VariantEntry:
-    """The variant for (backend, K, V, dtype) on `target`; chunk 64 first, as vLLM's metadata assumes."""
+                   dtype: torch.dtype, target: str, chunk_size: int | None = None) -> VariantEntry:
+    """The variant for (backend, K, V, dtype) on `target`, of `chunk_size` when given; else chunk 64 first, as
+    vLLM's metadata assumes."""
     dname = DTYPE_NAMES.get(dtype)
     fits = [e for e in entries if e.backend == backend and e.head_dim_k == head_dim_k
             and e.head_dim_v == head_dim_v and e.dtype == dname]
@@ -88,5 +103,15 @@ def select_variant(entries: tuple[VariantEntry, ...], *, backend: str, head_dim_
                 f"{', '.join(fits[0].targets)}). Add {target!r} to its targets in {fits[0].spec} if kdagen "
                 f"knows that target, or set KDAGEN_TARGET to one it declares to run that tuning here.")
         fits = on_target
-    fits.sort(key=lambda e: (e.chunk_size != PREFERRED_CHUNK, -e.chunk_size))
+    if chunk_size is not None:
+        sized = [e for e in fits if e.chunk_size == chunk_size]
+        if not sized:
+            raise NoVariantError(
+                f"no generated {backend} variant for head_dim_k={head_dim_k}, head_dim_v={head_dim_v}, "
+                f"dtype={dname or dtype} with chunk_size={chunk_size} (there are chunk sizes "
+                f"{', '.join(str(c) for c in sorted({e.chunk_size for e in fits}, key=chunk_order))}). Generated "
+                f"variants:\n{_describe(entries)}\nTo add it: append a variant with chunk_size: {chunk_size} to "
+                f"{fits[0].spec.split(':')[0]}, then run `nox -s generate`; or build the metadata for one of those.")
+        fits = sized
+    fits.sort(key=lambda e: chunk_order(e.chunk_size))
     return fits[0]

@@ -1,0 +1,295 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Which stages a plan runs: `choose_pipeline`, the one place every rule of that choice lives.
+
+Note [Pipelines]
+    A plan runs two stages on one workspace. The chunk stage writes, per walk chunk, the gated operands the
+    walk reads: `triton_intra` (the Triton kda_intra on 16- or 32-row programs), `triton_pair` (the Triton
+    kda_prologue + kda_wu on whole chunks, any gate) or `hip_intra` (the HIP kda_intra_kernel on 16-row walk
+    chunks). The walk stage carries the state through the chunks and writes the output, the final state or
+    the cache rows and the checkpoints: `triton_walk` (kda_recurrence, optionally cut into groups with
+    kda_group_scan, Note [Group count]) or `hip_walk` (kda_walk_kernel, one group). A pipeline is named
+    "<chunk>+<walk>"; the caller may name one (`pipeline=`, or KDAGEN_PIPELINE for experiments) or leave the
+    choice to `choose_pipeline` ("auto").
+
+    The kernels' limits (`stage_limits`):
+    - triton_intra and hip_intra form a chunk's factors relative to its middle row, so they need a gate
+      bounded by lower_bound >= 125 ln 2 / 16 and q, k L2-normed in kernel (`intra_fits`); triton_pair takes
+      every gate.
+    - hip_walk reads the 16-row walk chunks hip_intra writes, has no group split, and is absent from a library
+      built on the FMA fallback (walk_threads == 0).
+    - triton_* need a Triton variant of the batch's head dims, dtype and chunk size; hip_* a built library.
+    An explicit pipeline that breaks one is a ValueError naming what is missing, never a substitute.
+
+    Under "auto" (`_auto`): the Triton program (triton_intra where the gate allows, else triton_pair) unless
+    the fused path was asked for and its library is built; then hip_intra where the gate allows and the walks
+    fill enough of the GPU (RULES), followed by hip_walk where the library has it and no group split was
+    asked for. A fused request whose gate the HIP kernels cannot take runs the Triton pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import triton
+
+from ..launch_knobs import dense_tuning
+from .group_scan import MAX_FORCED_GROUPS, choose_groups
+from .launch import spec_key
+
+CHUNK_STAGES = ("triton_intra", "triton_pair", "hip_intra")
+WALK_STAGES = ("triton_walk", "hip_walk")
+HIP_INTRA_ROWS = 16  # the HIP kda_intra_kernel's walk chunk (templates/hip/include/kda_intra.h)
+
+# The gate bound kda_intra's factors need (Note [Chunk-parallel design] in triton_path.py): 16 rows of decay
+# relative to the chunk's middle row stay a normal fp32, |lower_bound| <= 125 ln 2 / 16.
+INTRA_MIN_LOWER_BOUND = -125.0 * math.log(2.0) / 16
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A target's parameters of the choice. Each comes from a measurement named where RULES sets it."""
+
+    hip_intra_walks_per_sm: float  # hip_intra runs where (sequence, head) walks >= this x SMs
+    walk_programs_per_sm: int  # the group cost model: walks resident per SM
+    pass1_step: float  # the group cost model: a pass-1 step in units of a pass-2 step
+    scan_step: float  # ... and a scan step (its launch included)
+    split_max_fill: float  # no group split once the plain walk's programs exceed this x SMs
+
+
+# H200 (sm_90), docs/perf-notes.md: hip_intra pays where the walks fill at least half the SMs (section 28:
+# 0.85-0.94x the Triton path at N x H >= 96, 1.01-1.09x at N x H = 12 or 32 on one sequence; kept with
+# kda_walk_kernel, section 32). The group model was fitted to CUDA-graph timings of whole calls (section 16:
+# 11 shapes, every pick within 0.3% of the measured best): two walks share an SM, pass-1 steps weigh 0.5, scan
+# steps 2.5, and plain walks on more than half the SMs are not split (96 programs lost 2.5-3% at G=2).
+H200_RULES = Rules(hip_intra_walks_per_sm=0.5, walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5,
+                   split_max_fill=0.5)
+# AMD targets were compile-verified only (no AMD timings): they take the H200's parameters until measured.
+RULES: Mapping[str, Rules] = {"sm_90": H200_RULES}
+
+
+def rules_for(target: str) -> Rules:
+    return RULES.get(target, H200_RULES)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What the choice sees of a batch."""
+
+    n_seq: int
+    H: int
+    n_chunks: int  # metadata chunks (of the variant's chunk size)
+    lower_bound: float | None
+    use_l2norm: bool
+    checkpoints: bool
+
+    @property
+    def n_walks(self) -> int:
+        return self.n_seq * self.H
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the choice sees of the device and the registry."""
+
+    name: str
+    sms: int | None  # None: no GPU (the interpreter), nothing to fill
+    triton: ModuleType | Any | None  # the Triton variant's module (HEAD_DIM_V, BV, BK), or None
+    tuning: Mapping[str, int] | None  # the Triton variant's knobs on this target
+    hip_walk_threads: int | None  # the built HIP library's walk threads (0: FMA fallback); None: no library
+    hip_missing: str = "no HIP library"  # why there is none, for an explicit pipeline's error
+    triton_missing: str = "no Triton variant"
+    fused: bool = False  # use_fused_chunk=True and the fused path's preconditions held
+    fused_why_not: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    stages: tuple[str, str]  # (chunk stage, walk stage)
+    groups: int
+    knobs: dict[str, int] = field(compare=False)  # the Triton launches' knobs ({} without a Triton variant)
+    reason: str = ""
+
+    @property
+    def chunk(self) -> str:
+        return self.stages[0]
+
+    @property
+    def walk(self) -> str:
+        return self.stages[1]
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.stages)
+
+
+def intra_fits(lower_bound: float | None, use_l2norm: bool) -> str | None:
+    """Why triton_intra / hip_intra cannot run a batch's gate, or None."""
+    if lower_bound is None or lower_bound < INTRA_MIN_LOWER_BOUND:
+        return (f"the gate is not bounded by lower_bound >= {INTRA_MIN_LOWER_BOUND:.4f} "
+                f"(got {lower_bound})")
+    if not use_l2norm:
+        return "q and k are not L2-normed in kernel"
+    return None
+
+
+def parse_pipeline(pipeline: object, source: str = "pipeline") -> tuple[str, str] | None:
+    """(chunk, walk) of a named pipeline; None for None / "auto"."""
+    if pipeline is None or pipeline == "auto":
+        return None
+    parts = pipeline.split("+") if isinstance(pipeline, str) else []
+    if len(parts) != 2 or parts[0] not in CHUNK_STAGES or parts[1] not in WALK_STAGES:
+        raise ValueError(f"{source}={pipeline!r}: expected 'auto' or '<chunk>+<walk>' with chunk one of "
+                         f"{', '.join(CHUNK_STAGES)} and walk one of {', '.join(WALK_STAGES)}, e.g. "
+                         "'hip_intra+hip_walk'")
+    return parts[0], parts[1]
+
+
+def stage_limits(chunk: str, walk: str, work: Work, target: Target, groups: int | None) -> list[str]:
+    """What keeps the pipeline (chunk, walk) from running this batch on this target; empty if nothing."""
+    why = []
+    gate = intra_fits(work.lower_bound, work.use_l2norm)
+    if chunk in ("triton_intra", "hip_intra") and gate is not None:
+        why.append(f"{chunk} cannot take this batch: {gate} (triton_pair takes every gate)")
+    if "hip" in chunk + walk and target.hip_walk_threads is None:
+        why.append(f"{'hip_intra' if chunk == 'hip_intra' else 'hip_walk'} needs the HIP library: "
+                   f"{target.hip_missing}")
+    if ("triton" in chunk or walk == "triton_walk") and target.triton is None:
+        why.append(f"{chunk if 'triton' in chunk else walk} needs a Triton variant: {target.triton_missing}")
+    if walk == "hip_walk":
+        if chunk != "hip_intra":
+            why.append(f"hip_walk reads the {HIP_INTRA_ROWS}-row walk chunks hip_intra writes, not {chunk}'s")
+        if target.hip_walk_threads == 0:
+            why.append("the HIP library was built on the FMA fallback, which has no kda_walk_kernel")
+        if groups is not None and groups != 1:
+            why.append(f"hip_walk walks each sequence as one group, got groups={groups} (triton_walk splits)")
+    if chunk == "hip_intra" and walk == "triton_walk" and target.triton is not None and (
+            target.triton.BK, target.triton.BV) != (target.triton.HEAD_DIM_K, target.triton.HEAD_DIM_V):
+        why.append("triton_walk after hip_intra needs a Triton variant whose blocks equal its head dims")
+    return why
+
+
+def choose_pipeline(work: Work, target: Target, *, pipeline: str | None = None,
+                    groups: int | None = None) -> Pipeline:
+    """The stages, group count and launch knobs of a plan, and why (Note [Pipelines]). `pipeline`: None /
+    "auto" or "<chunk>+<walk>"; `groups`: a forced group count of the walk, None for the cost model's."""
+    if groups is not None and not (isinstance(groups, int) and not isinstance(groups, bool)
+                                   and 1 <= groups <= MAX_FORCED_GROUPS):
+        raise ValueError(f"groups must be an int in 1..{MAX_FORCED_GROUPS} (1 = the plain walk; more groups "
+                         f"than chunks only adds empty ones) or None, got {groups!r}")
+    rules = rules_for(target.name)
+    asked = parse_pipeline(pipeline)
+    if asked is not None:
+        chunk, walk = asked
+        why = stage_limits(chunk, walk, work, target, groups)
+        if why:
+            raise ValueError(f"pipeline={chunk}+{walk!s} cannot run this batch: {'; '.join(why)}. Pass "
+                             "pipeline='auto' (or leave it unset) for the plan's choice")
+        reason = f"pipeline={chunk}+{walk} was asked for"
+    else:
+        chunk, walk, reason = _auto(work, target, groups, rules)
+    g, why_g = _groups(walk, work, target, groups, rules)
+    return Pipeline((chunk, walk), g, _knobs(chunk, g, work, target), f"{reason}; {why_g}")
+
+
+def _auto(work: Work, target: Target, groups: int | None, rules: Rules) -> tuple[str, str, str]:
+    gate = intra_fits(work.lower_bound, work.use_l2norm)
+    triton_chunk = "triton_pair" if gate is not None else "triton_intra"
+    chunk_why = f"triton_pair: {gate}" if gate is not None else "triton_intra: the gate and norm fit kda_intra"
+    if not target.fused or target.hip_walk_threads is None:
+        why = "; ".join(target.fused_why_not) or "use_fused_chunk is False"
+        if target.fused and target.hip_walk_threads is None:
+            why = f"use_fused_chunk=True, but {target.hip_missing}"
+        return triton_chunk, "triton_walk", f"the Triton pipeline ({why}); {chunk_why}"
+    if gate is not None:
+        if target.triton is None:
+            raise ValueError(f"use_fused_chunk=True: the HIP kernels cannot take this batch ({gate}) and there is "
+                             f"no Triton pipeline for it: {target.triton_missing}")
+        return "triton_pair", "triton_walk", f"the Triton pipeline: the HIP intra cannot take this batch ({gate})"
+    fill = work.n_walks >= rules.hip_intra_walks_per_sm * target.sms if target.sms is not None else True
+    if not fill and target.triton is not None:
+        return ("triton_intra", "triton_walk",
+                f"the Triton program: {work.n_walks} (sequence, head) walks fill less than "
+                f"{rules.hip_intra_walks_per_sm:g} x {target.sms} SMs, where the HIP intra's 16-row steps do not pay")
+    reason = (f"hip_intra: {work.n_walks} (sequence, head) walks on {target.sms} SMs" if fill else
+              f"hip_intra: the walks fill little of the GPU, but there is no Triton pipeline ({target.triton_missing})")
+    split_asked = groups is not None and groups > 1
+    if target.hip_walk_threads > 0 and not split_asked:
+        return "hip_intra", "hip_walk", f"{reason}; hip_walk: the library has kda_walk_kernel"
+    walk_why = (f"groups={groups} asked for (hip_walk has no split)" if split_asked
+                else "the library is on the FMA fallback (no kda_walk_kernel)")
+    if not stage_limits("hip_intra", "triton_walk", work, target, groups):
+        return "hip_intra", "triton_walk", f"{reason}; triton_walk: {walk_why}"
+    raise ValueError(f"use_fused_chunk=True: {walk_why}, and triton_walk cannot follow hip_intra here: "
+                     f"{'; '.join(stage_limits('hip_intra', 'triton_walk', work, target, groups))}")
+
+
+def _groups(walk: str, work: Work, target: Target, forced: int | None, rules: Rules) -> tuple[int, str]:
+    """The walk's group count (Note [Group count]) and why."""
+    if walk == "hip_walk":
+        return 1, "one group (kda_walk_kernel walks each sequence whole)"
+    if forced is not None:
+        return forced, f"groups={forced} asked for"
+    if work.checkpoints:
+        # At G = 1 a snapshot is bit-identical to the final state of a prefill cut at its offset (what a
+        # prefix cache resumes from); under a split it differs by rounding (H200: 6.5e-4 at G = 2, 1.3e-3 at
+        # G = 8, K = 128, V = 256, past vLLM's 1e-3 bound for its fused path).
+        return 1, "one group (checkpoints are written)"
+    if target.sms is None:
+        return 1, "one group (no GPU to fill)"
+    mod, tun = target.triton, target.tuning
+    v_slice = min(tun["block_v"], mod.BV)
+    programs = work.n_walks * triton.cdiv(mod.HEAD_DIM_V, v_slice)
+    if programs > rules.split_max_fill * target.sms:
+        # A split's programs would double up on SMs and share their throughput, which the wave model does not
+        # see (H200: 96 programs lose 2.5-3% at G=2, 64 gain 10% at G=3).
+        return 1, f"one group ({programs} walk programs fill the {target.sms} SMs)"
+    g = choose_groups(work.n_seq, work.H, work.n_chunks, mod.HEAD_DIM_K, mod.HEAD_DIM_V, v_slice, target.sms,
+                      rules.walk_programs_per_sm, pass1_step=rules.pass1_step, scan_step=rules.scan_step)
+    return g, f"{g} group{'s' if g > 1 else ''} (the cost model, {programs} walk programs on {target.sms} SMs)"
+
+
+def _knobs(chunk: str, groups: int, work: Work, target: Target) -> dict[str, int]:
+    """The Triton launches' knobs: the target's, or its dense_* ones for kda_intra / the HIP intra's walk when
+    a plain walk has a program per SM at dense_block_v. On the H200 16-row programs on one warp and 128-row V
+    slices made the call 10% faster at H=96 T=16384 N=16, 4% at H=12 (N = 16); with fewer walks the doubled
+    steps cost more (H=96 T=4096 N=1 +4%, H=12 T=65536 N=1 +6%; docs/perf-notes.md section 25)."""
+    if target.triton is None or target.tuning is None:
+        return {"intra_rows": HIP_INTRA_ROWS} if chunk == "hip_intra" else {}
+    tun = dict(target.tuning)
+    if chunk in ("triton_intra", "hip_intra") and groups == 1 and target.sms is not None:
+        dense = dense_tuning(tun)
+        if work.n_walks * triton.cdiv(target.triton.HEAD_DIM_V, min(dense["block_v"], target.triton.BV)) >= target.sms:
+            tun = dense
+    if chunk == "hip_intra":
+        tun["intra_rows"] = HIP_INTRA_ROWS
+    return tun
+
+
+class Program:
+    """A plan's launches, built once: the chunk stage's (in order), then the walk stage's for the run's
+    state_in (0 zeros, 1 a dense initial_state, 2 the paged cache). Each launch picks its values from the run's
+    list by name (run_values.RUN_ORDER)."""
+
+    __slots__ = ("pipeline", "intra", "prologue", "wu", "walks", "direct", "groups", "_chunk")
+
+    def __init__(self, pipeline: Pipeline, chunk: Mapping[str, Any], walks: Mapping[int, tuple], direct: bool):
+        self.pipeline = pipeline
+        self.intra, self.prologue, self.wu = chunk.get("intra"), chunk.get("prologue"), chunk.get("wu")
+        self._chunk = tuple(x for x in (self.intra, self.prologue, self.wu) if x is not None)
+        self.walks = dict(walks)
+        self.direct = direct  # Note [Compiled launch]: the Triton launches take a specialisation key
+        self.groups = pipeline.groups
+
+    def launches(self, state_in: int) -> tuple:
+        return self._chunk + self.walks.get(state_in, ())
+
+    def run(self, values: list, state_in: int) -> None:
+        key = spec_key(values) if self.direct else None
+        for launch in self._chunk:
+            launch(values, key)
+        for launch in self.walks.get(state_in, ()):
+            launch(values, key)

@@ -57,11 +57,12 @@ def test_no_fused_path_without_a_gpu():
 def test_checkpoint_export_runs_on_the_triton_path(monkeypatch):
     # The Triton path writes checkpoints (tests/interp/test_checkpoints.py): a call whose fused path cannot run
     # (CPU tensors) hands them to the walk: checkpoint_state per run, offsets and rows fixed in the plan.
-    from kdagen.runtime import triton_path
+    from kdagen.runtime import pipeline
+    from kdagen.runtime.run_values import RUN_ORDER
 
     runs = []
-    monkeypatch.setattr(triton_path.TritonProgram, "run",
-                        lambda self, values, state_in: runs.append((self, dict(zip(triton_path.RUN_ORDER, values)))))
+    monkeypatch.setattr(pipeline.Program, "run",
+                        lambda self, values, state_in: runs.append((self, dict(zip(RUN_ORDER, values)))))
     ck = torch.full((3, 2, 128, 128), float("nan"))
     off = torch.tensor([0, 0], dtype=torch.int32)
     rows = torch.tensor([2, -1], dtype=torch.int32)
@@ -176,48 +177,50 @@ def test_diagonal_block_mode_follows_the_gate_bound():
     (0, 12, 0, 1),
 ])
 def test_triton_group_count(N, H, chunks, want):
-    from kdagen.runtime import triton_path
     from kdagen.runtime.group_scan import choose_groups
+    from kdagen.runtime.pipeline import H200_RULES as R
 
-    assert choose_groups(N, H, chunks, 128, 128, 64, 132, triton_path.RECURRENCE_PROGRAMS_PER_SM,
-                         pass1_step=triton_path.PASS1_STEP, scan_step=triton_path.SCAN_STEP) == want
+    assert choose_groups(N, H, chunks, 128, 128, 64, 132, R.walk_programs_per_sm, pass1_step=R.pass1_step,
+                         scan_step=R.scan_step) == want
 
 
-def test_triton_group_count_keeps_full_gpus_on_one_walk(monkeypatch):
-    from kdagen.runtime import triton_path
+def _walk_groups(n_seq, H, chunks, sms=132, *, checkpoints=False, groups=None, block_v=64):
+    from kdagen.runtime import pipeline
 
-    monkeypatch.delenv(triton_path.GROUPS_ENV, raising=False)
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
-    mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BV=128)
-    cuda = torch.device("cuda", 0)
+    mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BK=128, BV=128)
+    work = pipeline.Work(n_seq=n_seq, H=H, n_chunks=chunks, lower_bound=None, use_l2norm=False,
+                         checkpoints=checkpoints)
+    target = pipeline.Target("sm_90", sms, mod, {"block_v": block_v}, None)
+    return pipeline.choose_pipeline(work, target, groups=groups).groups
+
+
+def test_triton_group_count_keeps_full_gpus_on_one_walk():
     # H200 graph timings (perf-notes section 16): plain walks on up to half the SMs gain from a split (64
     # programs: G=3, 10%), on more do not (96 programs, one 64K sequence at 48 heads or four at 12: G=1).
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 32, 1024, cuda) == 3
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 48, 1024, cuda) == 1
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 4, 12, 1024, cuda) == 1
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 96, 1024, cuda) == 1
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda) == 6
+    assert _walk_groups(1, 32, 1024) == 3
+    assert _walk_groups(1, 48, 1024) == 1
+    assert _walk_groups(4, 12, 1024) == 1
+    assert _walk_groups(1, 96, 1024) == 1
+    assert _walk_groups(1, 12, 64) == 6
     # A batch that writes checkpoints keeps the plain walk (bit-exact snapshots) unless a count is asked for.
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda, checkpoints=True) == 1
-    assert triton_path.recurrence_groups(mod, {"block_v": 64}, 1, 12, 64, cuda, 3, checkpoints=True) == 3
+    assert _walk_groups(1, 12, 64, checkpoints=True) == 1
+    assert _walk_groups(1, 12, 64, checkpoints=True, groups=3) == 3
 
 
 def test_triton_group_count_env_and_cpu(monkeypatch):
-    from kdagen.runtime import triton_path
+    from kdagen.runtime.settings import GROUPS_ENV, read_settings
 
-    mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BV=128)
-    tun = {"block_v": 64}
-    monkeypatch.delenv(triton_path.GROUPS_ENV, raising=False)
     # The interpreter has no SMs to fill: always the plain walk unless forced.
-    assert triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu")) == 1
-    monkeypatch.setenv(triton_path.GROUPS_ENV, "7")
-    assert triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu")) == 7
-    monkeypatch.setenv(triton_path.GROUPS_ENV, "5000")
+    assert _walk_groups(1, 12, 1024, sms=None) == 1
+    assert _walk_groups(1, 12, 1024, sms=None, groups=7) == 7
     with pytest.raises(ValueError, match=r"groups must be an int in 1\.\.1024"):
-        triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu"))
-    monkeypatch.setenv(triton_path.GROUPS_ENV, "two")
-    with pytest.raises(ValueError, match="KDAGEN_TRITON_GROUPS='two': expected a positive integer"):
-        triton_path.recurrence_groups(mod, tun, 1, 12, 1024, torch.device("cpu"))
+        _walk_groups(1, 12, 1024, sms=None, groups=5000)
+    monkeypatch.setenv(GROUPS_ENV, "7")
+    assert read_settings().groups == 7
+    for bad in ("5000", "two", "0"):
+        monkeypatch.setenv(GROUPS_ENV, bad)
+        with pytest.raises(ValueError, match=f"KDAGEN_TRITON_GROUPS='{bad}': expected an integer in 1..1024"):
+            read_settings()
 
 
 class _FakeKernel:
@@ -240,12 +243,12 @@ class _FakeKernel:
 
 
 def _program(monkeypatch, *, BK, BV, V, T, N, H, groups, sms, tun=None, design="pair"):
-    from kdagen.runtime import triton_path
+    from kdagen.runtime import pipeline, triton_path
+    from kdagen.runtime.run_values import RUN_ORDER
 
     calls = []
     names = ("kda_prologue", "kda_wu", "kda_intra", "kda_recurrence", "kda_group_scan")
     mod = types.SimpleNamespace(BK=BK, BV=BV, HEAD_DIM_V=V, CHUNK_SIZE=64, **{n: _FakeKernel(n, calls) for n in names})
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: sms)
     tun = tun or {"block_v": 64, "recurrence_warps": 4, "recurrence_stages": 2, "recurrence_stages_sparse": 2,
                   "prologue_block_k": 32, "prologue_warps": 1, "prologue_stages": 1, "wu_block_k": 64,
                   "wu_warps": 4, "wu_stages": 1, "intra_warps": 8, "intra_stages": 1, "intra_block_v": 32,
@@ -253,12 +256,17 @@ def _program(monkeypatch, *, BK, BV, V, T, N, H, groups, sms, tun=None, design="
     layout = triton_path.workspace_layout(mod, T, H, 2, N, groups, torch.bfloat16, design, tun["intra_rows"])
     ws = layout.views(torch.empty(layout.nbytes, dtype=torch.uint8))
     cu = torch.zeros(N + 1, dtype=torch.int32)
-    program = triton_path.TritonProgram(
-        mod, target="sm_90", tuning=tun, ws=ws, H=H, N=N, n_chunks=2, groups=groups, lower_bound=-5.0,
-        has_bias=True, use_l2norm=True, cu_seqlens=cu, chunk_indices=torch.zeros(2, 2, dtype=torch.int32),
-        chunk_offsets=torch.zeros(N + 1, dtype=torch.int64), state_ins=(0, 1), state_out=1, state_indices=None,
-        has_initial_state=None, device=torch.device("cpu"), design=design)
-    values = [0] * len(triton_path.RUN_ORDER)
+    chunk = triton_path.chunk_launches(
+        mod, design, target="sm_90", tuning=tun, ws=ws, H=H, n_chunks=2, lower_bound=-5.0, has_bias=True,
+        use_l2norm=True, cu_seqlens=cu, chunk_indices=torch.zeros(2, 2, dtype=torch.int32), direct=False)
+    walks = triton_path.walk_launches(
+        mod, split=triton_path.walk_split(design, 64, tun["intra_rows"]), target="sm_90", tuning=tun, ws=ws, H=H,
+        N=N, groups=groups, sms=sms, cu_seqlens=cu, chunk_offsets=torch.zeros(N + 1, dtype=torch.int64),
+        state_ins=(0, 1), state_out=1, state_indices=None, has_initial_state=None, checkpoint_offsets=None,
+        checkpoint_state_indices=None, direct=False)
+    stages = ("triton_intra" if design == "intra" else "triton_pair", "triton_walk")
+    program = pipeline.Program(pipeline.Pipeline(stages, groups, dict(tun)), chunk, walks, direct=False)
+    values = [0] * len(RUN_ORDER)
     return program, values, calls
 
 
@@ -283,24 +291,26 @@ def test_intra_design_launches_one_kernel_per_half_chunk(monkeypatch):
     assert {b.name: b.shape for b in pair.buffers}["decay"] == (2, 3, 128) and intra.nbytes < pair.nbytes
 
 
-def test_chunk_design_follows_the_gate_and_the_norm(monkeypatch):
-    from kdagen.runtime.triton_path import DESIGN_ENV, chunk_design, walk_split
+def test_the_chunk_stage_follows_the_gate_and_the_norm():
+    from kdagen.runtime import pipeline
+    from kdagen.runtime.triton_path import walk_split
 
-    monkeypatch.delenv(DESIGN_ENV, raising=False)
+    mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BK=128, BV=128)
+    target = pipeline.Target("sm_90", None, mod, {"block_v": 64}, None)
+
+    def chunk(lb, norm, asked=None):
+        work = pipeline.Work(n_seq=1, H=4, n_chunks=4, lower_bound=lb, use_l2norm=norm, checkpoints=False)
+        return pipeline.choose_pipeline(work, target, pipeline=asked).chunk
+
     # kda_intra's factors span 16 rows of decay (DIAG_REF 2's bound) on L2-normed q, k.
-    assert [chunk_design(lb, True) for lb in (-1.0, -5.0, -5.415)] == ["intra"] * 3
-    assert [chunk_design(lb, True) for lb in (-5.42, -8.0, None)] == ["pair"] * 3
-    assert chunk_design(-5.0, False) == "pair"
-    assert chunk_design(-5.0, True, "pair") == "pair"
-    with pytest.raises(ValueError, match="kda_intra cannot run this batch: q and k are not L2-normed"):
-        chunk_design(-5.0, False, "intra")
-    with pytest.raises(ValueError, match="use one of intra, pair"):
-        chunk_design(-5.0, True, "fast")
-    monkeypatch.setenv(DESIGN_ENV, "pair")
-    assert chunk_design(-5.0, True) == "pair"
-    monkeypatch.setenv(DESIGN_ENV, "intra")
-    with pytest.raises(ValueError, match=f"{DESIGN_ENV}='intra', but kda_intra cannot run this batch: the gate"):
-        chunk_design(None, True)
+    assert [chunk(lb, True) for lb in (-1.0, -5.0, -5.415)] == ["triton_intra"] * 3
+    assert [chunk(lb, True) for lb in (-5.42, -8.0, None)] == ["triton_pair"] * 3
+    assert chunk(-5.0, False) == "triton_pair"
+    assert chunk(-5.0, True, "triton_pair+triton_walk") == "triton_pair"
+    with pytest.raises(ValueError, match="triton_intra cannot take this batch: q and k are not L2-normed"):
+        chunk(-5.0, False, "triton_intra+triton_walk")
+    with pytest.raises(ValueError, match="expected 'auto' or '<chunk>\\+<walk>'"):
+        chunk(-5.0, True, "fast")
     assert (walk_split("intra", 64), walk_split("intra", 32), walk_split("intra", 16), walk_split("pair", 64)) == \
         (2, 1, 1, 1)
     # 16-row programs: a quarter of a 64-row chunk, half of a 32-row one.
@@ -323,27 +333,30 @@ def test_sixteen_row_programs_walk_in_quarter_chunks(monkeypatch):
     assert {b.name: b.shape for b in layout.buffers}["decay"] == (8, 3, 128)
 
 
-def test_batches_whose_walks_fill_the_gpu_take_the_dense_knobs(monkeypatch):
-    from kdagen.runtime import triton_path
+def test_batches_whose_walks_fill_the_gpu_take_the_dense_knobs():
+    from kdagen.runtime import pipeline
 
-    mod = types.SimpleNamespace(BV=128, HEAD_DIM_V=128)
+    mod = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=128, BK=128, BV=128)
     tun = {"intra_rows": 32, "intra_warps": 2, "block_v": 64, "dense_intra_rows": 16, "dense_intra_warps": 1,
            "dense_block_v": 128, "intra_block_v": 128}
     dense = {**tun, "intra_rows": 16, "intra_warps": 1, "block_v": 128}
-    cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
+
+    def knobs(walks, groups=1, asked="triton_intra+triton_walk", sms=132, m=mod, t=tun):
+        work = pipeline.Work(n_seq=1, H=walks, n_chunks=4, lower_bound=-5.0, use_l2norm=True, checkpoints=False)
+        target = pipeline.Target("sm_90", sms, m, t, None)
+        return pipeline.choose_pipeline(work, target, pipeline=asked, groups=groups).knobs
+
     # H=96 N=16 (1536 walks), H=12 N=16 (192), 132 walks on 132 SMs: dense; 96 walks or a split walk: the target's.
-    assert [triton_path.launch_tuning(mod, tun, n, 1, cuda) for n in (1536, 192, 132)] == [dense] * 3
-    assert triton_path.launch_tuning(mod, tun, 96, 1, cuda) == tun
-    assert triton_path.launch_tuning(mod, tun, 1536, 2, cuda) == tun
+    assert [knobs(n) for n in (1536, 192, 132)] == [dense] * 3
+    assert knobs(96) == tun
+    assert knobs(1536, groups=2) == tun
     # The count is of programs at the dense slice: V = 256 has two per walk.
-    wide = types.SimpleNamespace(BV=256, HEAD_DIM_V=256)
-    assert triton_path.launch_tuning(wide, tun, 66, 1, cuda)["intra_rows"] == 16
+    wide = types.SimpleNamespace(HEAD_DIM_K=128, HEAD_DIM_V=256, BK=128, BV=256)
+    assert knobs(66, m=wide)["intra_rows"] == 16
     # The pair's walk keeps the target's knobs; a dense_* knob of 0 keeps the knob it would replace.
-    assert triton_path.launch_tuning(mod, tun, 1536, 1, cuda, "pair") == tun
-    assert triton_path.launch_tuning(mod, {**tun, "dense_intra_warps": 0}, 1536, 1, cuda)["intra_warps"] == 2
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: None)
-    assert triton_path.launch_tuning(mod, tun, 1536, 1, cuda) == tun
+    assert knobs(1536, asked="triton_pair+triton_walk") == tun
+    assert knobs(1536, t={**tun, "dense_intra_warps": 0})["intra_warps"] == 2
+    assert knobs(1536, sms=None) == tun
 
 
 def test_recurrence_passes_and_their_row_blocks(monkeypatch):

@@ -4,8 +4,9 @@ receives, and what happens without the compiler or with a compile error.
 
 The decision itself is a pure function (dispatch.decide_fused) tested directly. Calls through
 chunk_kda_prefill pretend the tensors sit on an sm_90 GPU (dispatch.fused_target is patched) and replace
-fused_path.load_fused / run_fused with recorders, so no GPU, compiler or kernel is involved, except the
-no-compiler fallback, which really runs the Triton path in the interpreter.
+fused_path.load_fused with a recorder and the plan's Program.run with one that records the run's values, so
+no GPU, compiler or kernel is involved, except the no-compiler fallback, which really runs the Triton path in
+the interpreter.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 import kdagen_kernels
 from kdagen.runtime import dispatch, fused_choice, fused_path, jit_hip
+from kdagen.runtime.launch import KernelLaunch
 from kdagen.runtime.registry import VariantEntry
 from tests.kda_cases import make_inputs
 
@@ -48,12 +50,11 @@ SMALL_REGISTRY = (SMALL_TRITON, _hip_entry(64, 64))
 
 
 class Recorder:
-    """Fake fused_path.load_fused / run_fused: records calls; run_fused writes marker values."""
+    """Fake fused_path.load_fused: records calls."""
 
     def __init__(self, load_error: Exception | None = None):
         self.load_error = load_error
         self.loads: list[tuple] = []
-        self.runs: list[dict] = []
         self.lib = SimpleNamespace(walk_threads=256)  # a library with kda_walk_kernel (not the FMA fallback)
 
     def load_fused(self, package_dir, head_dim_k, head_dim_v, target, dtype="bf16"):
@@ -61,13 +62,6 @@ class Recorder:
         if self.load_error is not None:
             raise self.load_error
         return self.lib
-
-    def run_fused(self, lib, **kw):
-        assert lib is self.lib
-        self.runs.append(kw)
-        kw["out"].fill_(0.25)
-        if kw.get("final_state") is not None:
-            kw["final_state"].fill_(1.5)
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +83,6 @@ def on_sm90(monkeypatch, set_interpreting):
 def _fake(monkeypatch, load_error: Exception | None = None) -> Recorder:
     rec = Recorder(load_error)
     monkeypatch.setattr(fused_path, "load_fused", rec.load_fused)
-    monkeypatch.setattr(fused_path, "run_fused", rec.run_fused)
     return rec
 
 
@@ -203,9 +196,9 @@ def test_can_use_fused_is_false_without_cuda_in_the_interpreter_or_without_the_c
 
 # ---- calls that take the fused path --------------------------------------------------------------
 
-# Note [Fused plans]: kda_intra's gate (lower_bound -5, the L2 norm) takes the HIP kda_intra_kernel and the
-# Triton walk; a bound kda_intra cannot take (-10) the fused path's own kernels, through run_fused.
-OWN_KERNELS = -10.0
+# Note [Pipelines]: kda_intra's gate (lower_bound -5, the L2 norm) takes the HIP kda_intra_kernel; a bound the
+# HIP intra cannot take (-10) takes the Triton pipeline (triton_pair).
+UNFIT_GATE = -10.0
 
 
 def test_fused_call_runs_the_hip_intra_kernel_then_the_hip_walk(on_sm90, monkeypatch):
@@ -215,7 +208,7 @@ def test_fused_call_runs_the_hip_intra_kernel_then_the_hip_walk(on_sm90, monkeyp
     out = torch.full_like(args["v"], float("nan"))
     o, final = kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
     assert o is out and final.shape == (2, H, 128, 128) and final.dtype == torch.float32
-    assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")] and rec.runs == []
+    assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")]
     (program,), (values,) = programs, runs
     launch = program.intra
     assert isinstance(launch, fused_path.HipIntraLaunch) and launch.lib is rec.lib
@@ -233,16 +226,15 @@ def test_fused_call_runs_the_hip_intra_kernel_then_the_hip_walk(on_sm90, monkeyp
     assert len(rec.loads) == 1 and len(runs) == 2  # the library is loaded once per process
 
 
-@pytest.mark.parametrize("env,walk_threads,hip", [("", 256, True), ("triton", 256, False), ("", 0, False)],
-                         ids=["hip", "env_triton", "fma_library"])
+@pytest.mark.parametrize("env,walk_threads,hip", [("", 256, True), ("hip_intra+triton_walk", 256, False),
+                                                 ("", 0, False)], ids=["hip", "env_triton_walk", "fma_library"])
 def test_hip_walk_unless_asked_for_triton_or_missing(on_sm90, monkeypatch, env, walk_threads, hip):
-    """The HIP walk follows the HIP kda_intra_kernel wherever the library has it; KDAGEN_FUSED_WALK=triton or a
-    library built on the FMA fallback (no walk) keep the Triton walk on the same workspace."""
-    from kdagen.runtime.launch import KernelLaunch
+    """The HIP walk follows the HIP kda_intra_kernel wherever the library has it; KDAGEN_PIPELINE naming the
+    Triton walk or a library built on the FMA fallback (no walk) keep the Triton walk on the same workspace."""
 
     rec = _fake(monkeypatch)
     rec.lib.walk_threads = walk_threads
-    monkeypatch.setenv("KDAGEN_FUSED_WALK", env)
+    monkeypatch.setenv("KDAGEN_PIPELINE", env)
     _fake_triton(monkeypatch, programs=(programs := []))
     kdagen_kernels.chunk_kda_prefill(**_args(), out=torch.empty(1, 12, H, 128, dtype=torch.bfloat16),
                                      use_fused_chunk=True)
@@ -256,12 +248,11 @@ def test_hip_walk_unless_asked_for_triton_or_missing(on_sm90, monkeypatch, env, 
 def test_hip_walk_plans_walk_as_one_group(on_sm90, monkeypatch, forced):
     """kda_walk_kernel has no group split: a fused plan that launches it walks each sequence as one group where the
     Triton path's cost model would split (one long sequence on 132 SMs); a forced group count takes the Triton walk."""
-    from kdagen.runtime import triton_path
-    from kdagen.runtime.launch import KernelLaunch
+    from kdagen.runtime import pipeline, planning
 
     _fake(monkeypatch)
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: 132)
-    monkeypatch.setenv("KDAGEN_FUSED_INTRA", "always")
+    monkeypatch.setattr(planning, "device_sms", lambda device: 132)
+    monkeypatch.setenv("KDAGEN_PIPELINE", "hip_intra+hip_walk" if forced is None else "hip_intra+triton_walk")
     if forced is not None:
         monkeypatch.setenv("KDAGEN_TRITON_GROUPS", str(forced))
     _fake_triton(monkeypatch, programs=(programs := []))
@@ -269,7 +260,9 @@ def test_hip_walk_plans_walk_as_one_group(on_sm90, monkeypatch, forced):
     mod = next(e for e in kdagen_kernels.VARIANTS if e.backend == "triton" and e.dtype == "bf16"
                and (e.head_dim_k, e.head_dim_v) == (128, 128)).load()
     # The Triton path's own choice for this batch splits the walk: the case the rule is about.
-    assert triton_path.recurrence_groups(mod, mod.TUNING["sm_90"], 1, H, 63, torch.device("cpu")) > 1
+    work = pipeline.Work(n_seq=1, H=H, n_chunks=63, lower_bound=-5.0, use_l2norm=True, checkpoints=False)
+    triton_only = pipeline.Target("sm_90", 132, mod, mod.TUNING["sm_90"], None)
+    assert pipeline.choose_pipeline(work, triton_only).groups > 1
     kdagen_kernels.chunk_kda_prefill(**args, out=torch.empty_like(args["v"]), use_fused_chunk=True)
     (program,) = programs
     assert isinstance(program.intra, fused_path.HipIntraLaunch)
@@ -282,23 +275,34 @@ def test_hip_walk_plans_walk_as_one_group(on_sm90, monkeypatch, forced):
         assert all(isinstance(w, KernelLaunch) for w in program.walks[1]) and len(program.walks[1]) == 3
 
 
-def test_fused_walk_env_must_be_known(on_sm90, monkeypatch):
+def test_the_pipeline_env_must_be_known(on_sm90, monkeypatch):
     _fake(monkeypatch)
-    monkeypatch.setenv("KDAGEN_FUSED_WALK", "fast")
-    with pytest.raises(ValueError, match="KDAGEN_FUSED_WALK='fast': expected hip or triton"):
+    monkeypatch.setenv("KDAGEN_PIPELINE", "hip_intra+fast_walk")
+    with pytest.raises(ValueError, match=re.escape("KDAGEN_PIPELINE='hip_intra+fast_walk': expected 'auto' or "
+                                                   "'<chunk>+<walk>'")):
         kdagen_kernels.chunk_kda_prefill(**_args(), use_fused_chunk=True)
 
 
-@pytest.mark.parametrize("sms,env,hip", [(None, "", True), (132, "", False), (8, "", True), (132, "always", True),
-                                         (8, "never", False)], ids=lambda x: str(x))
+@pytest.mark.parametrize("name", ["KDAGEN_FUSED_WALK", "KDAGEN_FUSED_INTRA", "KDAGEN_TRITON_DESIGN",
+                                  "KDAGEN_FUSED_GROUPS"])
+def test_retired_switches_are_refused_with_their_replacement(on_sm90, monkeypatch, name):
+    _fake(monkeypatch)
+    monkeypatch.setenv(name, "triton")
+    with pytest.raises(ValueError, match=f"{name} is no longer read; use .*(pipeline|groups)"):
+        kdagen_kernels.chunk_kda_prefill(**_args(), use_fused_chunk=True)
+
+
+@pytest.mark.parametrize("sms,env,hip", [(None, "", True), (132, "", False), (8, "", True),
+                                         (132, "hip_intra+hip_walk", True), (8, "triton_intra+triton_walk", False)],
+                         ids=lambda x: str(x))
 def test_hip_intra_kernel_where_the_walks_fill_half_the_gpu(on_sm90, monkeypatch, sms, env, hip):
     """N x H = 4 walks: the HIP kernel on a GPU of at most 8 SMs (or without an SM count), the Triton program
-    as the Triton path would run it on 132; KDAGEN_FUSED_INTRA overrides."""
-    from kdagen.runtime import triton_path
+    as the Triton path would run it on 132; KDAGEN_PIPELINE overrides."""
+    from kdagen.runtime import planning
 
     _fake(monkeypatch)
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: sms)
-    monkeypatch.setenv("KDAGEN_FUSED_INTRA", env)
+    monkeypatch.setattr(planning, "device_sms", lambda device: sms)
+    monkeypatch.setenv("KDAGEN_PIPELINE", env)
     _fake_triton(monkeypatch, programs=(programs := []))
     kdagen_kernels.chunk_kda_prefill(**_args(), out=torch.empty(1, 12, H, 128, dtype=torch.bfloat16),
                                      use_fused_chunk=True)
@@ -306,36 +310,22 @@ def test_hip_intra_kernel_where_the_walks_fill_half_the_gpu(on_sm90, monkeypatch
     assert isinstance(program.intra, fused_path.HipIntraLaunch) == hip
 
 
-def test_fused_intra_env_must_be_known(on_sm90, monkeypatch):
-    _fake(monkeypatch)
-    monkeypatch.setenv("KDAGEN_FUSED_INTRA", "sometimes")
-    with pytest.raises(ValueError, match="KDAGEN_FUSED_INTRA='sometimes': expected auto, always or never"):
-        kdagen_kernels.chunk_kda_prefill(**_args(), use_fused_chunk=True)
-
-
-def test_fused_call_passes_everything_to_run_fused(on_sm90, monkeypatch):
+def test_a_gate_the_hip_intra_cannot_take_runs_the_triton_pipeline(on_sm90, monkeypatch):
     rec = _fake(monkeypatch)
-    args = _args(lower_bound=OWN_KERNELS)
+    runs = _fake_triton(monkeypatch, programs=(programs := []))
+    args = _args(lower_bound=UNFIT_GATE)
     out = torch.full_like(args["v"], float("nan"))
     o, final = kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
-    assert o is out and bool((o == 0.25).all())
-    assert final.shape == (2, H, 128, 128) and final.dtype == torch.float32 and bool((final == 1.5).all())
-    assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")]
-    (kw,) = rec.runs
-    assert kw["groups"] is None  # the group count is run_fused's automatic choice
-    assert kw["out"] is out and kw["final_state"] is final and kw["initial_state"] is args["initial_state"]
-    assert kw["use_qk_l2norm"] is True and kw["lower_bound"] == OWN_KERNELS and kw["scale"] == 128 ** -0.5
-    for name in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "cu_seqlens"):
-        assert kw[name] is args[name], name
-    assert torch.equal(kw["chunk_indices"].long(), torch.tensor([[0, 0], [1, 0]]))
-    assert torch.equal(kw["chunk_offsets"].long(), torch.tensor([0, 1, 2]))
-    assert all(kw[n] is None for n in ("state_cache", "state_indices", "has_initial_state", "checkpoint_state",
-                                       "checkpoint_offsets", "checkpoint_state_indices"))
-    kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
-    assert len(rec.loads) == 1 and len(rec.runs) == 2  # the library is loaded once per process
+    assert o is out and final.shape == (2, H, 128, 128)
+    (program,), (values,) = programs, runs
+    assert program.pipeline.name == "triton_pair+triton_walk" and program.intra is None
+    assert values["o"] is out and values["ht"] is final
+    plan = dispatch._last[id(kdagen_kernels.VARIANTS)].plan
+    assert "the HIP intra cannot take this batch (the gate is not bounded by lower_bound >= -5.4152" in plan.describe()
+    assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")]  # the fused request built its library
 
 
-@pytest.mark.parametrize("lower_bound", [-5.0, OWN_KERNELS], ids=["hip_intra", "own_kernels"])
+@pytest.mark.parametrize("lower_bound", [-5.0, UNFIT_GATE], ids=["hip_intra", "unfit_gate"])
 def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch, lower_bound):
     rec = _fake(monkeypatch)
     runs = _fake_triton(monkeypatch, programs=(programs := []))
@@ -349,15 +339,12 @@ def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch, lower
     _, final = kdagen_kernels.chunk_kda_prefill(**args, out=torch.empty_like(args["v"]), use_fused_chunk=True,
                                                 **extra)
     assert final is None
-    if lower_bound == OWN_KERNELS:
-        (kw,) = rec.runs
-        assert kw["final_state"] is None and kw["initial_state"] is None
-        for name, t in extra.items():
-            assert kw[name] is t, name
+    (values,) = runs
+    assert values["h0"] is cache and values["ht"] is cache and values["ckpt"] is ck
+    (program,) = programs
+    if lower_bound == UNFIT_GATE:  # the Triton walk
+        assert all(isinstance(w, KernelLaunch) for w in program.walks[2])
     else:  # the HIP walk reads and writes the cache rows in place and writes the checkpoints
-        (values,) = runs
-        assert rec.runs == [] and values["h0"] is cache and values["ht"] is cache and values["ckpt"] is ck
-        (program,) = programs
         (walk,) = program.walks[2]
         assert isinstance(walk, fused_path.HipWalkLaunch) and (walk.state_in, walk.state_out) == (2, 2)
         cu, co, idx, flags, ck_off, ck_idx, _ = walk._keep
@@ -365,7 +352,7 @@ def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch, lower
         assert ck_off.tolist() == [64, 0] and ck_idx.tolist() == [1, -1] and co.dtype == torch.int64
 
 
-@pytest.mark.parametrize("lower_bound", [-5.0, OWN_KERNELS], ids=["hip_intra", "own_kernels"])
+@pytest.mark.parametrize("lower_bound", [-5.0, UNFIT_GATE], ids=["hip_intra", "unfit_gate"])
 def test_out_none_writes_into_a_contiguous_v(on_sm90, monkeypatch, lower_bound):
     _fake(monkeypatch)
     runs = _fake_triton(monkeypatch)
@@ -373,20 +360,18 @@ def test_out_none_writes_into_a_contiguous_v(on_sm90, monkeypatch, lower_bound):
     v = args["v"]
     o, _ = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True)
     assert o.data_ptr() == v.data_ptr()  # as vLLM's op: v is dead by then (read by the first kernel)
-    if lower_bound == OWN_KERNELS:
-        assert bool((v == 0.25).all())
-    else:
-        assert runs[0]["o"].data_ptr() == v.data_ptr()
+    assert runs[0]["o"].data_ptr() == v.data_ptr()
 
 
 def test_out_none_with_a_strided_v_allocates(on_sm90, monkeypatch):
     _fake(monkeypatch)
-    args = _args(lower_bound=OWN_KERNELS)
+    runs = _fake_triton(monkeypatch)
+    args = _args(lower_bound=UNFIT_GATE)
     wide = torch.randn(1, 12, H, 160).to(torch.bfloat16)
     args["v"] = wide[..., :128]
     before = wide.clone()
     o, _ = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True)
-    assert o.is_contiguous() and o.data_ptr() != wide.data_ptr() and bool((o == 0.25).all())
+    assert o.is_contiguous() and o.data_ptr() != wide.data_ptr() and runs[0]["o"] is o
     assert torch.equal(wide, before)
 
 
@@ -399,7 +384,7 @@ def test_misaligned_checkpoint_offsets_are_refused_before_building(on_sm90, monk
                                                    "multiple of 64 below the sequence's length 130, got 100")):
         kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True, checkpoint_state=ck,
                                          checkpoint_offsets=torch.tensor([100, 0], dtype=torch.int32))
-    assert rec.loads == [] and rec.runs == []
+    assert rec.loads == []
     assert bool((out == 7.0).all()) and bool((ck == 3.0).all())
 
 
@@ -423,7 +408,7 @@ def test_a_missing_precondition_keeps_the_triton_path(on_sm90, monkeypatch, capl
     ck = torch.zeros(2, H, 128, 128)
     with caplog.at_level(logging.DEBUG, logger="kdagen"):
         kdagen_kernels.chunk_kda_prefill(**args, checkpoint_state=ck, checkpoint_offsets=torch.zeros(2, dtype=torch.int32))
-    assert rec.loads == [] and rec.runs == []
+    assert rec.loads == []
     assert len(triton_runs) == 1 and triton_runs[0]["ckpt"] is ck
     if args["use_fused_chunk"]:
         assert why in caplog.text
@@ -441,18 +426,19 @@ def test_cpu_tensors_never_take_the_fused_path(monkeypatch, caplog, set_interpre
 
 
 def _fake_triton(monkeypatch, programs: list | None = None) -> list[dict]:
-    """Records each Triton-path run's per-run values by name (triton_path.RUN_ORDER), and the program into
-    `programs`, instead of launching."""
-    from kdagen.runtime import triton_path
+    """Records each plan run's per-run values by name (run_values.RUN_ORDER), and the program into `programs`,
+    instead of launching."""
+    from kdagen.runtime import pipeline
+    from kdagen.runtime.run_values import RUN_ORDER
 
     runs: list[dict] = []
 
     def run(self, values, state_in):
-        runs.append(dict(zip(triton_path.RUN_ORDER, values)))
+        runs.append(dict(zip(RUN_ORDER, values)))
         if programs is not None:
             programs.append(self)
 
-    monkeypatch.setattr(triton_path.TritonProgram, "run", run)
+    monkeypatch.setattr(pipeline.Program, "run", run)
     return runs
 
 
@@ -475,7 +461,7 @@ def test_no_compiler_warns_once_and_runs_triton(on_sm90, monkeypatch):
     assert seen[0].category is RuntimeWarning
     assert "fake__hip__bf16__k64_v64_c64" in msg and "sm_90" in msg and NO_NVCC in msg
     assert "Running the Triton path instead" in msg
-    assert rec.runs == [] and len(rec.loads) == 1  # the missing compiler is remembered, not searched per call
+    assert len(rec.loads) == 1  # the missing compiler is remembered, not searched per call
     for o, s in results:
         assert torch.equal(o, expect) and torch.equal(s, expect_state)
 
@@ -493,7 +479,7 @@ def test_checkpoints_without_the_compiler_run_the_triton_path(on_sm90, monkeypat
             SMALL_REGISTRY, **args, use_fused_chunk=True, checkpoint_state=ck,
             checkpoint_offsets=torch.zeros(2, dtype=torch.int32), state_cache=cache,
             state_indices=torch.tensor([0, 2], dtype=torch.int32), has_initial_state=torch.tensor([True, False]))
-    assert rec.runs == [] and len(triton_runs) == 1 and triton_runs[0]["ckpt"] is ck
+    assert len(triton_runs) == 1 and triton_runs[0]["ckpt"] is ck
 
 
 def test_a_compile_error_propagates(on_sm90, monkeypatch):
@@ -509,7 +495,7 @@ def test_a_compile_error_propagates(on_sm90, monkeypatch):
                 kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
         assert not [w for w in seen if "Triton path instead" in str(w.message)]  # no silent fallback
         assert len(rec.loads) == attempt
-    assert rec.runs == [] and bool((out == 7.0).all())
+    assert bool((out == 7.0).all())
 
 
 def test_the_fallback_warning_is_per_variant_and_target(monkeypatch):

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from kdagen.runtime import fused_path
+from kdagen.runtime.group_scan import choose_groups
 from kdagen.runtime.jit_hip import HipLibrary, TargetMismatchError
 from kdagen.targets import HIP_ABI
 
@@ -73,19 +73,4 @@ def test_library_with_another_abi_is_refused(tmp_path):
     (0, 12, 0, 1, 1),
 ])
 def test_group_count_choice(N, H, chunks, bps, want):
-    assert fused_path.choose_groups(N, H, chunks, 128, 128, 64, 132, bps) == want
-
-
-def test_group_count_env_override(monkeypatch):
-    monkeypatch.setenv(fused_path.GROUPS_ENV, "1")
-    assert fused_path._env_groups() == 1
-    monkeypatch.setenv(fused_path.GROUPS_ENV, "auto")
-    assert fused_path._env_groups() is None
-    monkeypatch.setenv(fused_path.GROUPS_ENV, "0")
-    with pytest.raises(ValueError, match="KDAGEN_FUSED_GROUPS='0': expected a positive integer"):
-        fused_path._env_groups()
-
-
-def test_group_workspace_size():
-    assert fused_path.group_workspace_numel(1, 4, 2, 128, 128) == 0
-    assert fused_path.group_workspace_numel(3, 1, 2, 128, 256) == 2 * 2 * 384 * 128 + 3 * 2 * 256 * 128
+    assert choose_groups(N, H, chunks, 128, 128, 64, 132, bps) == want

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kdagen_kernels
-from kdagen.runtime import dispatch, triton_path
+from kdagen.runtime import dispatch, planning
 from kdagen.reference import chunk_kda_prefill_reference
 from kdagen.launch_knobs import dense_tuning
 from kdagen.runtime import metadata as md
@@ -261,7 +261,7 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
     monkeypatch.setenv("KDAGEN_TARGET", target)
     if design == "intra":
         # One SM: the plain walk counts as filling the GPU, so the batch takes the target's dense_* knobs.
-        monkeypatch.setattr(triton_path, "device_sms", lambda device: 1)
+        monkeypatch.setattr(planning, "device_sms", lambda device: 1)
     e = max(TRITON, key=lambda e: (e.head_dim_v - e.head_dim_k, e.dtype == "bf16")) if wide else _small()
     c, H, K, V = e.chunk_size, _heads(e), e.head_dim_k, e.head_dim_v
     args = make_inputs([2 * c + 9, 0, 1], H, K, V, DTYPES[e.dtype], "cpu", lower_bound=-5.0 if wide else None,
@@ -317,7 +317,7 @@ def test_intra_design_refused_where_it_does_not_fit():
     e = _small()
     args = make_inputs([5], 1, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", lower_bound=-8.0, seed=22)
     cu = args["cu_seqlens"]
-    with pytest.raises(ValueError, match="kda_intra cannot run this batch: the gate is not bounded"):
+    with pytest.raises(ValueError, match="triton_intra cannot take this batch: the gate is not bounded"):
         kdagen_kernels.plan_kda_prefill(cu, cu, num_heads=1, head_dim_k=e.head_dim_k, head_dim_v=e.head_dim_v,
                                         dtype=DTYPES[e.dtype], lower_bound=-8.0, has_g_bias=True,
                                         use_qk_l2norm_in_kernel=True, design="intra")

@@ -77,7 +77,8 @@ class KdaPrefillPlan:
         self.batch = b
         self.entry, self.target, self.mod, self.lib, self.pipeline = entry, target, mod, lib, pipeline
         self.metadata = meta
-        self.path = "fused" if "hip" in pipeline.name else "triton"
+        # "fused": a fused request served with its library (whichever stages run), or a HIP stage asked for.
+        self.path = "fused" if into_v or "hip" in pipeline.name else "triton"
         self.design = "pair" if pipeline.chunk == "triton_pair" else "intra"
         self.groups = pipeline.groups
         self.tuning = dict(tuning) if tuning is not None else None

@@ -36,6 +36,8 @@ class PlanMetadata:
         """caller: the tensors the caller passed (validated); built: what the plan made itself (already its
         own); host: validated CPU copies of caller tensors, uploaded in their place."""
         self.device = device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            host = {}  # a plan made under graph capture copies device to device (no pageable upload)
         self.given = frozenset(n for n, t in caller.items() if t is not None)
         self.tensors: dict[str, torch.Tensor | None] = {}
         for name in META_NAMES:

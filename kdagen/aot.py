@@ -202,7 +202,7 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
     walk on its intra_rows steps) and the paged state, the superset of the dense one; the prologue with DIAG_REF 1;
     the prologue, kda_wu, the walk's passes and the group scan on whole chunks with the softplus gate (DIAG_REF 0,
     kdagen.runtime.triton_path.diag_ref) and the dense state; kda_intra and the plain walk with the dense_*
-    knobs that a batch whose walks fill the GPU takes (triton_path.launch_tuning), where they differ. The
+    knobs that a batch whose walks fill the GPU takes (pipeline.choose_pipeline), where they differ. The
     extra modes' reports are named kernel[dr1], kernel[dr0] and kernel[dense]."""
     def only(names: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(n for n in names if kernels is None or n in kernels)

@@ -29,7 +29,7 @@ WU_KNOBS = ("wu_warps", "wu_stages", "wu_block_k")
 INTRA_KNOBS = ("intra_warps", "intra_stages", "intra_block_v")
 RECURRENCE_KNOBS = ("recurrence_warps", "recurrence_stages", "recurrence_stages_sparse", "block_v")
 KNOBS = {"prologue": PROLOGUE_KNOBS, "wu": WU_KNOBS, "intra": INTRA_KNOBS, "recurrence": RECURRENCE_KNOBS}
-# The pair's kernels run only in the "pair" design (triton_path.chunk_design), so they are timed in it.
+# The pair's kernels run only in the "pair" design (pipeline.choose_pipeline), so they are timed in it.
 PAIR_KERNELS = ("prologue", "wu")
 DEFAULT_SHAPES = ((12, 4096, 1), (96, 16384, 16))
 CHECK_TOLERANCE = 1e-2  # relative L2 vs float64, the bench's bar (GPU runs measure ~3e-3)
@@ -267,7 +267,7 @@ def kernel_call(mod, tun: dict[str, int], kernel: str, args: dict, ci, co, out=N
                 design: str | None = None) -> Callable[[], None]:
     """One Triton kernel ("prologue", "wu", "intra" or "recurrence") of a chunk_kda_prefill call, launched
     alone with `tun`, on a workspace the kernels before it have filled (so each one reads real values); the
-    recurrence writes `out` (a new tensor if None). design: the plan's (triton_path.chunk_design); the pair's
+    recurrence writes `out` (a new tensor if None). design: the plan's (pipeline.choose_pipeline); the pair's
     kernels always run in "pair". The launches take `tun` as given: its dense_* knobs are not applied (a batch
     whose walks fill the GPU takes them in a plan; pass `launch_knobs.dense_tuning(tun)` to time those)."""
     import kdagen_kernels

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 # A batch whose kda_intra walks fill the GPU takes these from their dense_* counterparts
-# (runtime/triton_path.launch_tuning).
+# (runtime/pipeline.choose_pipeline).
 DENSE_KNOBS = {"intra_rows": "dense_intra_rows", "intra_warps": "dense_intra_warps", "block_v": "dense_block_v"}
 
 

@@ -4,7 +4,7 @@
 Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/group_sweep.py [H:T:N ...] [--groups 1,2,4]
 Each call is captured in a CUDA graph and timed by replay (triton.testing.do_bench_cudagraph), so the
 launch overhead of the extra passes is in the figure but the host's Python is not; "auto" is the count
-the dispatcher picks (kdagen.runtime.triton_path.recurrence_groups).
+the dispatcher picks (kdagen.runtime.pipeline.choose_pipeline).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class TritonTuning:
     recurrence_stages_sparse: int = 2
     block_v: int = 64
     # What a batch takes instead when its walks fill the GPU (a plain walk, G = 1, with a program per SM at
-    # dense_block_v; runtime/triton_path.launch_tuning): there the chunk-parallel kernel dominates and shorter
+    # dense_block_v; runtime/pipeline.choose_pipeline): there the chunk-parallel kernel dominates and shorter
     # programs pay for the walk's extra steps, and wider V slices re-read the K-side workspace fewer times.
     # 0: the same as intra_rows, intra_warps, block_v.
     dense_intra_rows: int = 0

@@ -67,8 +67,8 @@ def parse_tuning(node: Any, where: str, line: int, report: Report) -> Overlay:
         if backend != "triton":
             # Accepting it would be a silent no-op: nothing reads it.
             report(b_line, b_where, f"the {backend} backend has no spec tuning knobs (its V slice is per target "
-                   "in kdagen/targets.py, its group count is chosen per call and KDAGEN_FUSED_GROUPS pins "
-                   f"it); remove tuning.{backend}")
+                   "in kdagen/targets.py; the plan chooses its stages and group count, pipeline= and groups= "
+                   f"pin them); remove tuning.{backend}")
             continue
         if not isinstance(per_target, YMap):
             report(b_line, b_where, f"expected a mapping of targets ({', '.join(TARGETS)}), got {per_target!r}")

@@ -1,18 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """The fused HIP path on a real GPU, through the public `kdagen_kernels.chunk_kda_prefill(...,
 use_fused_chunk=True)`: numerics against the float64 reference and the Triton path, T = 0 sequences,
-the state cache in place, checkpoints, strided `out` / projections, the group scan's group counts
-(fused_path.run_fused directly) and CUDA graph capture. Tolerances: tests/kda_cases.py.
+the state cache in place, checkpoints, strided `out` / projections, the Triton walk's group counts after the
+HIP intra and CUDA graph capture. Tolerances: tests/kda_cases.py.
 
 Skips without CUDA, on a device target no hip variant declares, and without the compiler the target
 needs (the public call would then run the Triton path with a warning, which proves nothing here).
 Every public fused call asserts that a fused plan ran, and that it launched the HIP kda_intra_kernel where the
-gate is one kda_intra takes (Note [Fused plans]); run_fused directly runs the fused path's own two kernels.
+gate is one kda_intra takes (Note [Pipelines]); a gate it cannot take runs the Triton pipeline.
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import os
 import re
 
@@ -24,10 +24,11 @@ if not torch.cuda.is_available():
 
 import kdagen_kernels
 from kdagen.reference import chunk_kda_prefill_reference, rel_l2
-from kdagen.runtime import dispatch, fused_path
+from kdagen.runtime import dispatch, fused_path, pipeline
 from kdagen.runtime import plan as plan_mod
-from kdagen.runtime.triton_path import intra_fits
 from kdagen.runtime.device import target_of
+from kdagen.runtime.pipeline import intra_fits
+from kdagen.runtime.settings import GROUPS_ENV
 from tests.kda_cases import cu_of, make_inputs, poisoned_out
 from tests.tolerances import check, within
 
@@ -39,7 +40,7 @@ TARGET = target_of(torch.device("cuda", torch.cuda.current_device()))
 TOKEN_ARGS = ("q", "k", "v", "raw_g", "raw_beta")
 OUT, STATE, ADVERSARIAL = (("fused-gpu", "bf16", q) for q in ("output", "final_state", "adversarial"))
 SEQLENS = [[1], [64], [1024], [4096], [513, 64, 1, 1200], [512] * 6]
-HAS_GROUPS = "groups" in inspect.signature(fused_path.run_fused).parameters
+ALWAYS_HIP_INTRA = dataclasses.replace(pipeline.H200_RULES, hip_intra_walks_per_sm=0.0)
 
 if not any(e.backend == "hip" and TARGET in e.targets for e in kdagen_kernels.VARIANTS):
     pytest.skip(f"no generated hip variant declares this device's target {TARGET}", allow_module_level=True)
@@ -50,8 +51,8 @@ def fused_runs(libs, monkeypatch):
     """Counts the runs of fused plans made by the dispatcher (and requires the libraries), and the HIP
     kda_intra_kernel launches among them (Note [Fused plans]): a bounded gate kda_intra takes must launch it."""
     calls: list[str] = []
-    real_run, real_intra, real_walk, real_fused = (plan_mod.KdaPrefillPlan.run, fused_path.HipIntraLaunch.__call__,
-                                                   fused_path.HipWalkLaunch.__call__, fused_path.run_fused)
+    real_run, real_intra, real_walk = (plan_mod.KdaPrefillPlan.run, fused_path.HipIntraLaunch.__call__,
+                                       fused_path.HipWalkLaunch.__call__)
 
     def run(self, *a, **kw):
         if self.path == "fused":
@@ -66,18 +67,15 @@ def fused_runs(libs, monkeypatch):
         calls.append("hip_walk")
         return real_walk(self, *a, **kw)
 
-    def own_kernels(*a, **kw):
-        calls.append("run_fused")
-        return real_fused(*a, **kw)
-
     monkeypatch.setattr(plan_mod.KdaPrefillPlan, "run", run)
     monkeypatch.setattr(fused_path.HipIntraLaunch, "__call__", intra)
     monkeypatch.setattr(fused_path.HipWalkLaunch, "__call__", walk)
-    monkeypatch.setattr(fused_path, "run_fused", own_kernels)
-    # Every fused plan here takes the HIP kernel, whatever the walks fill (triton_path.hip_intra_pays): these
-    # are its tests. test_fused_plan_below_half_the_gpu_is_the_triton_program checks the rule itself.
-    monkeypatch.setenv("KDAGEN_FUSED_INTRA", "always")
-    return calls
+    # Every fused plan here takes the HIP kernel, whatever the walks fill (pipeline.RULES): these are its
+    # tests. test_fused_plan_below_half_the_gpu_is_the_triton_program checks the rule itself.
+    monkeypatch.setattr(pipeline, "rules_for", lambda target: ALWAYS_HIP_INTRA)
+    dispatch.clear_plans()
+    yield calls
+    dispatch.clear_plans()
 
 
 def _fused(fused_runs, args, **kw):
@@ -87,12 +85,12 @@ def _fused(fused_runs, args, **kw):
     torch.cuda.synchronize()
     ran = fused_runs[before:]
     assert ran[:1] == ["plan"], "use_fused_chunk=True did not run the fused path"
-    # Note [Fused plans]: kda_intra's gate takes the HIP kernel when there is a chunk to compute (and the
-    # fixture's KDAGEN_FUSED_INTRA=always holds).
+    # Note [Pipelines]: kda_intra's gate takes the HIP kernel when there is a chunk to compute (and the
+    # fixture's rule holds).
     if (intra_fits(args["lower_bound"], True) is None and int(args["cu_seqlens"][-1]) > 0
-            and os.environ.get("KDAGEN_FUSED_INTRA") == "always"):
+            and pipeline.rules_for(TARGET) is ALWAYS_HIP_INTRA):
         assert "hip_intra" in ran, "the fused plan did not launch kda_intra_kernel"
-        if os.environ.get("KDAGEN_FUSED_WALK", "hip") != "triton" and "KDAGEN_TRITON_GROUPS" not in os.environ:
+        if os.environ.get(GROUPS_ENV, "1") == "1":
             assert "hip_walk" in ran, "the fused plan did not launch kda_walk_kernel after kda_intra_kernel"
     return o, s
 
@@ -101,26 +99,6 @@ def _triton(args, **kw):
     o, s = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=False, **kw)
     torch.cuda.synchronize()
     return o, s
-
-
-def _direct(lib, args, *, groups: int | None = None, final: bool = True, out=None, **extra):
-    """fused_path.run_fused on make_inputs-style args (packed); returns (out, final_state)."""
-    _, _, h, K = args["q"].shape
-    V = args["v"].shape[-1]
-    cu = args["cu_seqlens"]
-    N = cu.numel() - 1
-    ci = kdagen_kernels.prepare_chunk_indices(cu, 64).to(torch.int32).contiguous()
-    co = kdagen_kernels.prepare_chunk_offsets(cu, 64).to(torch.int64)
-    o = out if out is not None else poisoned_out(args["v"])
-    fs = torch.full((N, h, V, K), NAN, device=DEV) if final else None
-    kw = {"groups": groups} if groups is not None else {}
-    fused_path.run_fused(lib, q=args["q"], k=args["k"], v=args["v"], raw_g=args["raw_g"],
-                         raw_beta=args["raw_beta"], A_log=args["A_log"], g_bias=args["g_bias"], scale=K ** -0.5,
-                         lower_bound=args["lower_bound"], cu_seqlens=cu, chunk_indices=ci, chunk_offsets=co,
-                         out=o, initial_state=args.get("initial_state"), final_state=fs, use_qk_l2norm=True,
-                         **kw, **extra)
-    torch.cuda.synchronize()
-    return o, fs
 
 
 def _truncated(args, offs: list[int], keep: list[int]) -> dict:
@@ -159,23 +137,27 @@ def test_fused_matches_reference_and_triton(fused_runs, K, V, lens):
     print(f"\n  fused K={K} V={V} {lens[:4]}: rel L2 output {eo:.2e}, state {es:.2e}", end="")
 
 
-def test_a_bound_kda_intra_cannot_take_runs_the_fused_kernels(fused_runs):
-    """lower_bound -10 is past kda_intra's factor range (Note [Fused plans]): the fused path's own prologue and
-    recurrence run, against the reference as before."""
+def test_a_bound_kda_intra_cannot_take_runs_the_triton_pipeline(fused_runs):
+    """lower_bound -10 is past kda_intra's factor range (Note [Pipelines]): the fused request runs the Triton
+    pipeline (triton_pair + triton_walk), against the reference, and bit for bit the Triton path's result."""
     args = make_inputs([513, 64, 1, 200], H, 128, 128, BF16, DEV, lower_bound=-10.0, seed=17)
     ref_o, ref_s = chunk_kda_prefill_reference(**args)
     before = len(fused_runs)
     o, s = _fused(fused_runs, args, out=poisoned_out(args["v"]))
-    assert fused_runs[before:] == ["plan", "run_fused"]
-    check("fused output (own kernels)", o, ref_o, OUT)
-    check("fused final state (own kernels)", s, ref_s, STATE)
+    assert fused_runs[before:] == ["plan"]
+    plan = dispatch._last[id(kdagen_kernels.VARIANTS)].plan
+    assert plan.pipeline.name == "triton_pair+triton_walk" and "the HIP intra cannot take" in plan.describe()
+    check("fused output (Triton pipeline)", o, ref_o, OUT)
+    check("fused final state (Triton pipeline)", s, ref_s, STATE)
+    to, ts = _triton(args, out=poisoned_out(args["v"]))
+    assert torch.equal(o, to) and torch.equal(s, ts)
 
 
 def test_fused_plan_below_half_the_gpu_is_the_triton_program(fused_runs, monkeypatch):
-    """KDAGEN_FUSED_INTRA=auto: 12 heads on one sequence fill less than half the SMs, so the fused plan is the
-    Triton program at the Triton path's own knobs (bit for bit the Triton path's result); 12 heads on 16
-    sequences take the HIP kernel."""
-    monkeypatch.setenv("KDAGEN_FUSED_INTRA", "auto")
+    """The H200's rule: 12 heads on one sequence fill less than half the SMs, so the fused plan is the Triton
+    program at the Triton path's own knobs (bit for bit the Triton path's result); 12 heads on 16 sequences
+    take the HIP kernel."""
+    monkeypatch.setattr(pipeline, "rules_for", lambda target: pipeline.H200_RULES)
     one = make_inputs([700], H, 128, 128, BF16, DEV, seed=21)
     o, s = _fused(fused_runs, one, out=poisoned_out(one["v"]))
     assert "hip_intra" not in fused_runs
@@ -253,23 +235,21 @@ def test_state_cache_in_place(fused_runs):
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 
-def test_checkpoints_bit_identical_to_a_truncated_prefill(libs):
-    # run_fused directly with groups=1 for both runs: the automatic group count may differ between the
-    # full and the truncated prefill, and only one order of operations is bit-comparable.
-    g1 = 1 if HAS_GROUPS else None
-    lib = libs[(128, 128)]
+def test_checkpoints_bit_identical_to_a_truncated_prefill(fused_runs):
+    # hip_intra + hip_walk walks as one group, the only order of operations that is bit-comparable between the
+    # full and the truncated prefill.
     lens = [300, 200, 65, 128, 90, 150]
     offs = [128, 192, 64, 128, 100, 64]  # n=3: not below T; n=4: not a chunk multiple; both write nothing
     rows = [6, 0, 3, 1, 2, -1]  # n=5: -1, skipped
     args = make_inputs(lens, H, 128, 128, BF16, DEV, seed=34)
     ck = torch.full((8, H, 128, 128), NAN, device=DEV)
-    o_ck, f_ck = _direct(lib, args, groups=g1, checkpoint_state=ck,
-                         checkpoint_offsets=torch.tensor(offs, dtype=torch.int32, device=DEV),
-                         checkpoint_state_indices=torch.tensor(rows, dtype=torch.int32, device=DEV))
-    o_plain, f_plain = _direct(lib, args, groups=g1)
+    o_ck, f_ck = _fused(fused_runs, args, out=poisoned_out(args["v"]), checkpoint_state=ck,
+                        checkpoint_offsets=torch.tensor(offs, dtype=torch.int32, device=DEV),
+                        checkpoint_state_indices=torch.tensor(rows, dtype=torch.int32, device=DEV))
+    o_plain, f_plain = _fused(fused_runs, args, out=poisoned_out(args["v"]))
     assert torch.equal(o_ck, o_plain) and torch.equal(f_ck, f_plain), "exporting checkpoints changed the results"
     valid = [0, 1, 2]
-    _, f_cut = _direct(lib, _truncated(args, offs, valid), groups=g1)
+    _, f_cut = _fused(fused_runs, _truncated(args, offs, valid))
     for j, n in enumerate(valid):
         assert torch.equal(ck[rows[n]], f_cut[j]), \
             f"checkpoint of sequence {n} (row {rows[n]}): max diff {(ck[rows[n]] - f_cut[j]).abs().max().item():.3e}"
@@ -278,7 +258,7 @@ def test_checkpoints_bit_identical_to_a_truncated_prefill(libs):
 
 def test_checkpoints_through_the_public_call(fused_runs, monkeypatch):
     # One group in both calls, so the snapshot and the truncated prefill round alike: bit-identical.
-    monkeypatch.setenv(fused_path.GROUPS_ENV, "1")
+    monkeypatch.setenv(GROUPS_ENV, "1")
     lens = [300, 200, 65, 150]
     offs = [128, 192, 64, 64]
     rows = [3, 0, 5, -1]  # -1: skipped
@@ -361,15 +341,18 @@ def test_strided_projections(fused_runs):
 
 # ---- group scan ----------------------------------------------------------------------------------
 
-@pytest.mark.skipif(not HAS_GROUPS, reason="fused_path.run_fused has no `groups` keyword (no group scan)")
-def test_group_counts_match_one_group(libs):
+def test_group_counts_match_one_group(fused_runs, monkeypatch):
+    # A forced split takes the Triton walk after the HIP intra (hip_walk has no groups).
     lens = [1024, 513, 64, 1]  # 16 + 9 + 1 + 1 = 27 chunks
     args = make_inputs(lens, H, 128, 128, BF16, DEV, seed=40)
-    lib = libs[(128, 128)]
     ref_o, ref_s = chunk_kda_prefill_reference(**args)
-    o1, s1 = _direct(lib, args, groups=1)
+    o1, s1 = _fused(fused_runs, args, out=poisoned_out(args["v"]))
     for g in (2, 4, 8, 32):  # 32: more groups than chunks (27 in all, 16 in the longest sequence)
-        og, sg = _direct(lib, args, groups=g)
+        monkeypatch.setenv(GROUPS_ENV, str(g))
+        dispatch.clear_plans()  # the variable is read when a plan is made
+        og, sg = _fused(fused_runs, args, out=poisoned_out(args["v"]))
+        plan = dispatch._last[id(kdagen_kernels.VARIANTS)].plan
+        assert (plan.pipeline.name, plan.groups) == ("hip_intra+triton_walk", g)
         # The group operators round differently from the one-pass walk, and each run must still meet the
         # reference tolerance.
         within(f"groups={g} vs groups=1 output", rel_l2(og, o1), ("fused-gpu", "bf16", "vs_one_group"))

@@ -71,24 +71,20 @@ def test_random_ragged_batches_both_paths(drawn):
     ref_o, ref_s = chunk_kda_prefill_reference(**ref_args)
     args = {k: _to(v, DEV) for k, v in args.items()}
     calls = []
-    # A fused plan launches the HIP kda_intra_kernel, or the fused path's own kernels (Note [Fused plans]).
-    real, real_intra = fused_path.run_fused, fused_path.HipIntraLaunch.__call__
-
-    def spy(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
+    # A fused plan launches the HIP kda_intra_kernel where its pipeline has it (Note [Pipelines]).
+    real_intra = fused_path.HipIntraLaunch.__call__
 
     def spy_intra(self, *a, **kw):
         calls.append(1)
         return real_intra(self, *a, **kw)
 
-    fused_path.run_fused, fused_path.HipIntraLaunch.__call__ = spy, spy_intra
+    fused_path.HipIntraLaunch.__call__ = spy_intra
     try:
         out = poisoned_out(args["v"])
         o, s = kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=fused)
         torch.cuda.synchronize()
     finally:
-        fused_path.run_fused, fused_path.HipIntraLaunch.__call__ = real, real_intra
+        fused_path.HipIntraLaunch.__call__ = real_intra
     RAN["fused" if calls else ("triton (fused asked)" if fused else "triton")] += 1
     assert o is out
     tag = f"{case} fused={fused} ran={'fused' if calls else 'triton'}"

@@ -15,7 +15,7 @@ from kdagen.bench import equal_lens, make_inputs
 from kdagen.bench_peers import flashkda_call, flashkda_inputs
 from kdagen.launch_knobs import dense_tuning
 from kdagen.reference import chunk_kda_prefill_reference, l2norm_reference, naive_recurrent_kda, rel_l2
-from kdagen.runtime import launch, triton_path
+from kdagen.runtime import launch, planning, triton_path
 
 
 def test_equal_lens_packs_t_tokens():
@@ -62,7 +62,7 @@ def test_kernel_call_launches_the_knobs_it_is_given_not_the_dense_ones(monkeypat
     # One SM: a plan of this batch would take the dense_* knobs; kernel_call times exactly the knobs given.
     e = next(e for e in kdagen_kernels.VARIANTS if e.name == "kda_chunk_fwd__triton__bf16__k64_v64_c64")
     mod = e.load()
-    monkeypatch.setattr(triton_path, "device_sms", lambda device: 1)
+    monkeypatch.setattr(planning, "device_sms", lambda device: 1)
     args, ci, co = make_inputs(2, [5, 70], K=64, V=64, seed=4, device="cpu")
     tun = dict(triton_path.tuning_for(mod, "interpreter"), intra_rows=32, intra_warps=2, dense_intra_rows=16,
                dense_intra_warps=1)

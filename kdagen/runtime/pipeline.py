@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import triton
@@ -97,7 +96,7 @@ class Target:
 
     name: str
     sms: int | None  # None: no GPU (the interpreter), nothing to fill
-    triton: ModuleType | Any | None  # the Triton variant's module (HEAD_DIM_V, BV, BK), or None
+    triton: Any  # the Triton variant's module (read: HEAD_DIM_K, HEAD_DIM_V, BK, BV), or None
     tuning: Mapping[str, int] | None  # the Triton variant's knobs on this target
     hip_walk_threads: int | None  # the built HIP library's walk threads (0: FMA fallback); None: no library
     hip_missing: str = "no HIP library"  # why there is none, for an explicit pipeline's error

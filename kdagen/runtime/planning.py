@@ -55,8 +55,8 @@ def metadata_chunk(sizes: list[int], p: Problem, chunk_indices: torch.Tensor | N
     With the sequence lengths on the host (`lens`) the chunk count of each size is exact; without them the
     count of N sequences of T tokens in all lies in [ceil(T / c), (T + N (c - 1)) // c], which tells the sizes
     apart wherever the batch is long against its sequence count. No device value is read."""
-    if len(sizes) <= 1:
-        return sizes[0] if sizes else 0
+    if len(sizes) == 1:
+        return sizes[0]
     if chunk_indices is not None:
         n = chunk_indices.shape[0] if chunk_indices.numel() else 0
     elif chunk_offsets is not None and chunk_offsets.device.type == "cpu":
@@ -101,6 +101,8 @@ def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: 
         groups = settings.groups
     target = target_of(device)
     sizes = chunk_sizes(variants, head_dim_k=p.K, head_dim_v=p.V, dtype=b.dtype, target=target)
+    if not sizes:  # nothing generated for these dims here: select_variant says what is and how to add it
+        select_variant(variants, backend="triton", head_dim_k=p.K, head_dim_v=p.V, dtype=b.dtype, target=target)
     if chunk_size is None:
         lens = _host_lengths(b.cu_seqlens, cu_seqlens_cpu)
         chunk = metadata_chunk(sizes, p, b.chunk_indices, b.chunk_offsets, lens)
@@ -120,7 +122,7 @@ def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: 
     triton_missing = ""
     try:
         entry = select_variant(variants, backend="triton", head_dim_k=p.K, head_dim_v=p.V, dtype=b.dtype,
-                               target=target, chunk_size=chunk if sizes else None)
+                               target=target, chunk_size=chunk)
     except NoVariantError as exc:
         triton_missing = str(exc)
 

@@ -7,7 +7,6 @@ chose. Arguments are checked before.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from types import ModuleType
 
@@ -23,7 +22,6 @@ from .run_values import RUN_ORDER
 from .settings import GROUPS_ENV  # noqa: F401  (tools pin the group count through it)
 from .workspace import WorkspaceLayout
 
-OP = "chunk_kda_prefill (triton)"
 # kda_group_scan: state rows per program (tl.dot's smallest tile).
 SCAN_ROWS = 16
 
@@ -33,9 +31,8 @@ SCAN_ROWS = 16
 #   fp32 (exponent >= -126): |lower_bound| <= 125 ln 2 / 16;
 # - DIAG_REF 1 spans 8 rows each way from the mid-point: 8 / ln 2 * |lower_bound| < 126 up to -10;
 # - DIAG_REF 0, exact per-row products in fp32, for softplus gates and larger bounds.
-FACTORED_DIAG_MIN_LOWER_BOUND = INTRA_MIN_LOWER_BOUND
+FACTORED_DIAG_MIN_LOWER_BOUND = INTRA_MIN_LOWER_BOUND  # 125 ln 2 / 16: the bound kda_intra needs too
 MIDPOINT_DIAG_MIN_LOWER_BOUND = -10.0
-assert math.isclose(FACTORED_DIAG_MIN_LOWER_BOUND, -125.0 * math.log(2.0) / 16)
 
 # Note [Chunk-parallel design]
 #     kda_intra forms Akk and Aqk of a walk chunk in one product each, every factor relative to the G of the
@@ -45,7 +42,6 @@ assert math.isclose(FACTORED_DIAG_MIN_LOWER_BOUND, -125.0 * math.log(2.0) / 16)
 #     of at most 32 rows: half of vLLM's 64-row chunks, which chunk_indices / chunk_offsets still count
 #     (SPLIT = 2). The pair (kda_prologue, kda_wu) covers every gate at the variant's chunk with its 16-row
 #     sub-blocks.
-DESIGNS = ("intra", "pair")
 INTRA_CHUNK = 32
 
 

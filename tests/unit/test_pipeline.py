@@ -259,3 +259,24 @@ def test_the_metadata_chunk_is_read_from_lengths_or_bounds():
     long = Problem(1, 4096, 2, 64, 64, 2)  # lengths unknown (device cu_seqlens): the count's bounds tell them apart
     assert planning.metadata_chunk([64, 32], long, ci(65), None, None) == 64
     assert planning.metadata_chunk([64, 32], long, ci(129), None, None) == 32
+
+
+def test_the_run_path_reads_no_environment(monkeypatch):
+    # Settings are read when a plan is made: a malformed override set afterwards never reaches a run.
+    ran = []
+    monkeypatch.setattr(pipeline.Program, "run", lambda self, values, state_in: ran.append(state_in))
+    args = make_inputs([9, 3], 2, 64, 64, torch.bfloat16, "cpu")
+    plan = kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=2, head_dim_k=64, head_dim_v=64,
+                                           lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)
+    for name in ("KDAGEN_PIPELINE", "KDAGEN_TRITON_GROUPS", "KDAGEN_TRITON_JIT_LAUNCH", "KDAGEN_FUSED_GROUPS"):
+        monkeypatch.setenv(name, "not a value")
+    plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"], args["g_bias"],
+             initial_state=args["initial_state"])
+    assert ran == [1]
+    with pytest.raises(ValueError, match="KDAGEN_FUSED_GROUPS is no longer read"):
+        kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=2, head_dim_k=64, head_dim_v=64,
+                                        lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)
+    monkeypatch.delenv("KDAGEN_FUSED_GROUPS")
+    with pytest.raises(ValueError, match="KDAGEN_PIPELINE='not a value': expected 'auto' or"):
+        kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=2, head_dim_k=64, head_dim_v=64,
+                                        lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)

@@ -273,10 +273,11 @@ def test_the_run_path_reads_no_environment(monkeypatch):
     plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"], args["g_bias"],
              initial_state=args["initial_state"])
     assert ran == [1]
-    with pytest.raises(ValueError, match="KDAGEN_FUSED_GROUPS is no longer read"):
-        kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=2, head_dim_k=64, head_dim_v=64,
-                                        lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)
-    monkeypatch.delenv("KDAGEN_FUSED_GROUPS")
-    with pytest.raises(ValueError, match="KDAGEN_PIPELINE='not a value': expected 'auto' or"):
-        kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=2, head_dim_k=64, head_dim_v=64,
-                                        lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)
+    # A plan made now names each malformed variable in turn.
+    for name, why in (("KDAGEN_FUSED_GROUPS", " is no longer read"), ("KDAGEN_TRITON_GROUPS", "='not a value': expected an"),
+                      ("KDAGEN_TRITON_JIT_LAUNCH", "='not a value': expected 0 or 1"),
+                      ("KDAGEN_PIPELINE", "='not a value': expected 'auto' or")):
+        with pytest.raises(ValueError, match=name + why):
+            kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=2, head_dim_k=64, head_dim_v=64,
+                                            lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)
+        monkeypatch.delenv(name)

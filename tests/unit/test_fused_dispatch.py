@@ -510,3 +510,24 @@ def test_the_fallback_warning_is_per_variant_and_target(monkeypatch):
         "use_fused_chunk=True, but the fused variant fake__hip__bf16__k64_v64_c64",
         "use_fused_chunk=True, but the fused variant fake__hip__bf16__k64_v64_c64"]
     assert [(load[1], load[3]) for load in rec.loads] == [(128, "sm_90"), (64, "sm_90"), (64, "gfx942")]
+
+
+def test_a_hip_variant_without_a_triton_variant_runs_both_hip_stages(on_sm90, monkeypatch):
+    # No Triton variant of the dims: the fused request still gets a plan (Triton-free), never a crash.
+    rec = _fake(monkeypatch)
+    _fake_triton(monkeypatch, programs=(programs := []))
+    registry = (_hip_entry(),)
+    args = _args()
+    dispatch.chunk_kda_prefill(registry, **args, out=torch.empty_like(args["v"]), use_fused_chunk=True)
+    (program,) = programs
+    plan = dispatch._last[id(registry)].plan
+    assert plan.mod is None and program.pipeline.name == "hip_intra+hip_walk" and rec.loads
+    assert isinstance(program.intra, fused_path.HipIntraLaunch)
+    assert all(isinstance(w, fused_path.HipWalkLaunch) for (w,) in program.walks.values())
+    assert tuple(program.intra.ws["aqk"].shape) == (12, H, 16)
+    rec.lib.walk_threads = 0  # a library on the FMA fallback has no walk, and there is no Triton walk
+    dispatch.clear_plans()
+    monkeypatch.setattr(fused_choice, "_fused_libs", {})
+    with pytest.raises(ValueError, match="triton_walk cannot follow hip_intra here: triton_walk needs a Triton "
+                                         "variant: no generated triton variant"):
+        dispatch.chunk_kda_prefill(registry, **args, use_fused_chunk=True)

@@ -72,7 +72,7 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: in
 
     def rec(pass_: int) -> tuple[dict, dict]:
         # The checkpoint arguments a launch passes as None (all of them without checkpoints and in pass 1, the
-        # indices in mode 1) are constexprs, as the JIT specialises them (triton_path.TritonProgram).
+        # indices in mode 1) are constexprs, as the JIT specialises them (triton_path.walk_launches).
         mode = checkpoint if pass_ != 1 else 0
         none = [n for n in CKPT_ARGS if mode == 0 or (mode == 1 and n == "ckpt_idx")]
         return ({**sig["kda_recurrence"], **dict.fromkeys(none, "constexpr")},

@@ -59,11 +59,12 @@ class Rules:
     split_max_fill: float  # no group split once the plain walk's programs exceed this x SMs
 
 
-# H200 (sm_90), docs/perf-notes.md: hip_intra pays where the walks fill at least half the SMs (section 28:
-# 0.85-0.94x the Triton path at N x H >= 96, 1.01-1.09x at N x H = 12 or 32 on one sequence; kept with
-# kda_walk_kernel, section 32). The group model was fitted to CUDA-graph timings of whole calls (section 16:
-# 11 shapes, every pick within 0.3% of the measured best): two walks share an SM, pass-1 steps weigh 0.5, scan
-# steps 2.5, and plain walks on more than half the SMs are not split (96 programs lost 2.5-3% at G=2).
+# H200 (sm_90), docs/performance-model.md, "The half-the-GPU rule of fused plans": hip_intra pays where the
+# walks fill at least half the SMs (0.85-0.94x the Triton path at N x H >= 96, 1.01-1.09x at N x H = 12 or 32 on
+# one sequence; kept with kda_walk_kernel). "The group count of the Triton walk": the model was fitted to
+# CUDA-graph timings of whole calls (11 shapes, every pick within 0.3% of the measured best): two walks share
+# an SM, pass-1 steps weigh 0.5, scan steps 2.5, and plain walks on more than half the SMs are not split (96
+# programs lost 2.5-3% at G=2).
 H200_RULES = Rules(hip_intra_walks_per_sm=0.5, walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5,
                    split_max_fill=0.5)
 # AMD targets were compile-verified only (no AMD timings): they take the H200's parameters until measured.
@@ -235,7 +236,8 @@ def _groups(walk: str, work: Work, target: Target, forced: int | None, rules: Ru
     if work.checkpoints:
         # At G = 1 a snapshot is bit-identical to the final state of a prefill cut at its offset (what a
         # prefix cache resumes from); under a split it differs by rounding (H200: 6.5e-4 at G = 2, 1.3e-3 at
-        # G = 8, K = 128, V = 256, past vLLM's 1e-3 bound for its fused path).
+        # G = 8, K = 128, V = 256, past vLLM's 1e-3 bound for its fused path; docs/performance-model.md,
+        # "Checkpoints and the group split").
         return 1, "one group (checkpoints are written)"
     if target.sms is None:
         return 1, "one group (no GPU to fill)"
@@ -255,7 +257,8 @@ def _knobs(chunk: str, groups: int, work: Work, target: Target) -> dict[str, int
     """The Triton launches' knobs: the target's, or its dense_* ones for kda_intra / the HIP intra's walk when
     a plain walk has a program per SM at dense_block_v. On the H200 16-row programs on one warp and 128-row V
     slices made the call 10% faster at H=96 T=16384 N=16, 4% at H=12 (N = 16); with fewer walks the doubled
-    steps cost more (H=96 T=4096 N=1 +4%, H=12 T=65536 N=1 +6%; docs/perf-notes.md section 25)."""
+    steps cost more (H=96 T=4096 N=1 +4%, H=12 T=65536 N=1 +6%; docs/performance-model.md, "The dense-knob
+    rule")."""
     if target.triton is None or target.tuning is None:
         return {"intra_rows": HIP_INTRA_ROWS} if chunk == "hip_intra" else {}
     tun = dict(target.tuning)

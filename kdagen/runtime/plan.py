@@ -20,7 +20,8 @@ Note [Fused plans]
     program. Every stage reads the plan's one workspace and metadata, so state routing, checkpoints and graph
     capture are the Triton path's. With no `out` the output goes into v, the fused path's contract
     (fused_output). On the H200 the HIP kernel takes 24% less time than the Triton kda_intra and the HIP walk
-    36% less than the Triton walk on 16-row steps (docs/perf-notes.md sections 27, 28 and 30).
+    36% less than the Triton walk on 16-row steps (docs/performance-model.md, "Per-kernel times as last
+    measured").
 """
 
 from __future__ import annotations

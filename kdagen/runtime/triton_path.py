@@ -66,7 +66,7 @@ def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
 def recurrence_stages(tun: Mapping[str, int], programs: int, sms: int | None) -> int:
     """Pipeline stages of one walk launch. Fewer stages take less shared memory, so more walks share an
     SM; a launch with no more programs than SMs gains nothing from that and takes the deeper pipeline
-    (docs/perf-notes.md section 15). Without a GPU (sms None), recurrence_stages."""
+    (docs/performance-model.md, "Walk pipeline stages"). Without a GPU (sms None), recurrence_stages."""
     if sms is not None and programs <= sms:
         return tun["recurrence_stages_sparse"]
     return tun["recurrence_stages"]

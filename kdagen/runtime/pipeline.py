@@ -60,7 +60,7 @@ class Rules:
 
 
 # H200 (sm_90), docs/performance-model.md, "The half-the-GPU rule of fused plans": hip_intra pays where the
-# walks fill at least half the SMs (0.85-0.94x the Triton path at N x H >= 96, 1.01-1.09x at N x H = 12 or 32 on
+# walks fill at least half the SMs (0.85-0.94x the Triton path at N x H >= 96, 0.97-1.09x at N x H = 12 or 32 on
 # one sequence; kept with kda_walk_kernel). "The group count of the Triton walk": the model was fitted to
 # CUDA-graph timings of whole calls (11 shapes, every pick within 0.3% of the measured best): two walks share
 # an SM, pass-1 steps weigh 0.5, scan steps 2.5, and plain walks on more than half the SMs are not split (96

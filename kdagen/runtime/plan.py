@@ -2,9 +2,9 @@
 """Plan once per batch, run once per layer (FlashInfer's plan()/run()). See Note [Plan and run].
 
 Note [Plan and run]
-    A `KdaPrefillPlan` holds everything that depends on the batch: the packed metadata (cu_seqlens,
-    chunk_indices, chunk_offsets), the state routing (state_indices, has_initial_state), the checkpoint
-    request, the head counts and dims, dtype, gate form, device, the variant, the path (Triton or fused),
+    A `KdaPrefillPlan` holds everything that depends on the batch: its own copies of the packed metadata
+    (cu_seqlens, chunk_indices, chunk_offsets), the state routing (state_indices, has_initial_state) and the
+    checkpoint request (Note [Plan metadata]), the head counts and dims, dtype, gate form, device, the variant, the path (Triton or fused),
     the group count and the workspace. It is validated when it is made, the data-dependent checks included
     where the values are on the CPU (tensors on the CPU, or `cu_seqlens_cpu`; device tensors are read only
     under KDAGEN_DEBUG=1, which syncs). `run` checks only what can differ per layer (each tensor's shape,
@@ -19,9 +19,8 @@ Note [Fused plans]
     hip_intra + triton_walk where a group split was asked for or the library has no walk, else the Triton
     program. Every stage reads the plan's one workspace and metadata, so state routing, checkpoints and graph
     capture are the Triton path's. With no `out` the output goes into v, the fused path's contract
-    (fused_output). On the H200 the HIP kernel takes 24% less time than the Triton kda_intra and the HIP walk
-    36% less than the Triton walk on 16-row steps (docs/performance-model.md, "Per-kernel times as last
-    measured").
+    (fused_output). The HIP kernels' times beside the Triton kernels' they replace: docs/performance-model.md,
+    "Per-kernel times as last measured".
 """
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ def _compiler_present(entry: VariantEntry, target: str) -> bool:
 
 
 def built_library(entry: VariantEntry, target: str) -> tuple[jit_hip.HipLibrary | None, str | None]:
-    """The built library, or None and why not (its compiler or installed source is missing); no warning (explicit pipelines raise
-    instead). jit_hip.HipCompileError propagates."""
+    """The built library, or None and why not (its compiler or installed source is missing); no warning
+    (explicit pipelines raise instead). jit_hip.HipCompileError propagates."""
     key = (entry.name, target)
     lib = _fused_libs.get(key)
     if lib is None and key not in _no_compiler:

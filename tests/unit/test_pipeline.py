@@ -274,7 +274,8 @@ def test_the_run_path_reads_no_environment(monkeypatch):
              initial_state=args["initial_state"])
     assert ran == [1]
     # A plan made now names each malformed variable in turn.
-    for name, why in (("KDAGEN_FUSED_GROUPS", " is no longer read"), ("KDAGEN_TRITON_GROUPS", "='not a value': expected an"),
+    for name, why in (("KDAGEN_FUSED_GROUPS", " is no longer read"),
+                      ("KDAGEN_TRITON_GROUPS", "='not a value': expected an"),
                       ("KDAGEN_TRITON_JIT_LAUNCH", "='not a value': expected 0 or 1"),
                       ("KDAGEN_PIPELINE", "='not a value': expected 'auto' or")):
         with pytest.raises(ValueError, match=name + why):

@@ -4,12 +4,13 @@
 Note [Plan and run]
     A `KdaPrefillPlan` holds everything that depends on the batch: its own copies of the packed metadata
     (cu_seqlens, chunk_indices, chunk_offsets), the state routing (state_indices, has_initial_state) and the
-    checkpoint request (Note [Plan metadata]), the head counts and dims, dtype, gate form, device, the
-    variant, the pipeline (Note [Pipelines]), the group count and the workspace. It is validated when it is
-    made, the data-dependent checks included where the values are on the CPU (tensors on the CPU, or
-    `cu_seqlens_cpu`; device tensors are read only under KDAGEN_DEBUG=1, which syncs). `run` checks only what can differ per layer (each tensor's shape,
-    dtype, device and unit last stride against the plan) and launches. When a fast check fails, the full
-    validators of validate.py run to say precisely what is wrong; nothing is written before that.
+    checkpoint request (Note [Plan metadata]), the head counts and dims, dtype, gate form, device, the variant,
+    the pipeline (Note [Pipelines]), the group count and the workspace. It is validated when it is made, the
+    data-dependent checks included where the values are on the CPU (tensors on the CPU, or `cu_seqlens_cpu`;
+    device tensors are read only under KDAGEN_DEBUG=1, which syncs). `run` checks only what can differ per layer
+    (each tensor's shape, dtype, device and unit last stride against the plan) and launches. When a fast check
+    fails, the full validators of validate.py run to say precisely what is wrong; nothing is written before
+    that.
     A plan's workspace is reused by every run: runs of one plan must not overlap in time (one stream, one
     layer after another), like a serving engine's forward pass. Runs are graph-capturable.
 

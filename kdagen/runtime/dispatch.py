@@ -63,9 +63,9 @@ class _Cached:
         stamps = [(t, _stamp(t)) for t in meta if t is not None]
         self.versioned = tuple((t, st) for t, st in stamps if type(st) is int)
         self.by_value = tuple((t, st) for t, st in stamps if isinstance(st, torch.Tensor))
-        # Before the plan owns its metadata copies (no refresh_metadata), a device inference tensor re-plans.
+        # A plan that cannot refresh (it built chunk metadata from cu_seqlens itself) re-plans on such a tensor.
         self.refresh = any(st is _REFRESH for _, st in stamps)
-        if self.refresh and not hasattr(plan, "refresh_metadata"):
+        if self.refresh and not getattr(plan, "refreshable", False):
             self.key = None
 
     def hit(self, key: tuple, meta: tuple) -> bool:

@@ -153,6 +153,12 @@ class KdaPrefillPlan:
             f"  knobs: {knobs}",
             f"  workspace: {self.workspace_bytes} bytes; output without `out`: {into}"))
 
+    @property
+    def refreshable(self) -> bool:
+        """Whether refresh_metadata can take new values of every metadata tensor the plan was made with (False
+        when the plan built chunk_indices / chunk_offsets from cu_seqlens itself: make a new plan instead)."""
+        return self.metadata.refreshable
+
     def refresh_metadata(self, cu_seqlens: torch.Tensor | None = None, chunk_indices: torch.Tensor | None = None,
                          chunk_offsets: torch.Tensor | None = None, state_indices: torch.Tensor | None = None,
                          has_initial_state: torch.Tensor | None = None,

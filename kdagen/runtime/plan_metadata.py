@@ -52,6 +52,12 @@ class PlanMetadata:
                 self.tensors[name] = own
         self._derived: list[tuple[torch.Tensor, torch.Tensor]] = []
 
+    @property
+    def refreshable(self) -> bool:
+        """Whether `refresh` can take every tensor the plan was made with: not when the plan built
+        chunk_indices / chunk_offsets from the caller's cu_seqlens (a new cu_seqlens would leave them stale)."""
+        return "cu_seqlens" not in self.given or {"chunk_indices", "chunk_offsets"} <= self.given
+
     def __getitem__(self, name: str) -> torch.Tensor | None:
         return self.tensors[name]
 

@@ -303,7 +303,6 @@ def plan_kda_prefill(variants: tuple[VariantEntry, ...], cu_seqlens: torch.Tenso
     b = Batch(p, dtype, device, float(lower_bound) if lower_bound is not None else None, has_g_bias,
               use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices, chunk_offsets, state_indices, has_initial_state,
               output_final_state, checkpoint_offsets, checkpoint_state_indices)
-    # chunk_size / pipeline: make_plan takes them once the pipeline rework lands; passed only when given.
-    extra = {n: x for n, x in (("chunk_size", chunk_size), ("pipeline", pipeline)) if x is not None}
     return make_plan(variants, b, use_fused_chunk=use_fused_chunk, groups=groups, workspace=workspace,
-                     tuning=tuning, cu_seqlens_cpu=cu_seqlens_cpu, design=design, **extra)
+                     tuning=tuning, cu_seqlens_cpu=cu_seqlens_cpu, design=design, chunk_size=chunk_size,
+                     pipeline=pipeline)

@@ -115,7 +115,14 @@ def _ids(lens):
     return "x".join(map(str, lens[:4])) + ("..." if len(lens) > 4 else "")
 
 
+def _last_plan(registry):
+    """The plan the wrapper cached last for `registry` (on this thread and stream)."""
+    return next(c.plan for key, c in dispatch._last.items() if key[0] == id(registry))
+
+
 # ---- numerics ------------------------------------------------------------------------------------
+
+
 
 def test_can_use_fused_on_this_device():
     assert kdagen_kernels.can_use_fused_kda_chunk(128, 128, BF16, 64)
@@ -145,7 +152,7 @@ def test_a_bound_kda_intra_cannot_take_runs_the_triton_pipeline(fused_runs):
     before = len(fused_runs)
     o, s = _fused(fused_runs, args, out=poisoned_out(args["v"]))
     assert fused_runs[before:] == ["plan"]
-    plan = dispatch._last[id(kdagen_kernels.VARIANTS)].plan
+    plan = _last_plan(kdagen_kernels.VARIANTS)
     assert plan.pipeline.name == "triton_pair+triton_walk" and "the HIP intra cannot take" in plan.describe()
     check("fused output (Triton pipeline)", o, ref_o, OUT)
     check("fused final state (Triton pipeline)", s, ref_s, STATE)
@@ -351,7 +358,7 @@ def test_group_counts_match_one_group(fused_runs, monkeypatch):
         monkeypatch.setenv(GROUPS_ENV, str(g))
         dispatch.clear_plans()  # the variable is read when a plan is made
         og, sg = _fused(fused_runs, args, out=poisoned_out(args["v"]))
-        plan = dispatch._last[id(kdagen_kernels.VARIANTS)].plan
+        plan = _last_plan(kdagen_kernels.VARIANTS)
         assert (plan.pipeline.name, plan.groups) == ("hip_intra+triton_walk", g)
         # The group operators round differently from the one-pass walk, and each run must still meet the
         # reference tolerance.

@@ -115,7 +115,9 @@ def test_inference_mode_device_metadata_refreshes_the_plan(monkeypatch):
     monkeypatch.setattr(dispatch, "_stamp", lambda t: -1 if t is None else dispatch._REFRESH)
     monkeypatch.setattr(kk.KdaPrefillPlan, "refresh_metadata", lambda self, *m: calls.append(m), raising=False)
     with torch.inference_mode():
-        a = _args()
+        a = _args()  # with chunk metadata: a plan that built its own from cu_seqlens re-plans instead
+        a.update(chunk_indices=kk.prepare_chunk_indices(a["cu_seqlens"], 64),
+                 chunk_offsets=kk.prepare_chunk_offsets(a["cu_seqlens"], 64))
         _cached_call(a)
         plan = next(iter(dispatch._last.values())).plan
         _cached_call(a)

@@ -90,7 +90,14 @@ def _args(lens=(9, 3), K=128, V=128, **kw):
     return make_inputs(list(lens), H, K, V, torch.bfloat16, "cpu", **kw)
 
 
+def _last_plan(registry):
+    """The plan the wrapper cached last for `registry` (on this thread and stream)."""
+    return next(c.plan for key, c in dispatch._last.items() if key[0] == id(registry))
+
+
 # ---- the registry --------------------------------------------------------------------------------
+
+
 
 def test_registry_lists_the_hip_variants_with_their_targets():
     hip = {(e.head_dim_k, e.head_dim_v): e for e in kdagen_kernels.VARIANTS if e.backend == "hip"}
@@ -320,7 +327,7 @@ def test_a_gate_the_hip_intra_cannot_take_runs_the_triton_pipeline(on_sm90, monk
     (program,), (values,) = programs, runs
     assert program.pipeline.name == "triton_pair+triton_walk" and program.intra is None
     assert values["o"] is out and values["ht"] is final
-    plan = dispatch._last[id(kdagen_kernels.VARIANTS)].plan
+    plan = _last_plan(kdagen_kernels.VARIANTS)
     assert "the HIP intra cannot take this batch (the gate is not bounded by lower_bound >= -5.4152" in plan.describe()
     assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")]  # the fused request built its library
 
@@ -520,7 +527,7 @@ def test_a_hip_variant_without_a_triton_variant_runs_both_hip_stages(on_sm90, mo
     args = _args()
     dispatch.chunk_kda_prefill(registry, **args, out=torch.empty_like(args["v"]), use_fused_chunk=True)
     (program,) = programs
-    plan = dispatch._last[id(registry)].plan
+    plan = _last_plan(registry)
     assert plan.mod is None and program.pipeline.name == "hip_intra+hip_walk" and rec.loads
     assert isinstance(program.intra, fused_path.HipIntraLaunch)
     assert all(isinstance(w, fused_path.HipWalkLaunch) for (w,) in program.walks.values())

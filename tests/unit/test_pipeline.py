@@ -35,6 +35,11 @@ def _fused(sms=132, walk_threads=256, triton=True):
                            triton_missing="no Triton variant for K=128, V=128", fused=True)
 
 
+def _last_plan(registry):
+    """The plan the wrapper cached last for `registry` (on this thread and stream)."""
+    return next(c.plan for key, c in dispatch._last.items() if key[0] == id(registry))
+
+
 # ---- the automatic choice ------------------------------------------------------------------------
 
 @settings(max_examples=200, deadline=None)
@@ -238,7 +243,7 @@ def test_chunk_32_metadata_runs_the_chunk_32_variant(monkeypatch, chunk):
     dispatch.clear_plans()
     dispatch.chunk_kda_prefill(registry, **args, chunk_indices=prepare_chunk_indices(cu, chunk),
                                chunk_offsets=prepare_chunk_offsets(cu, chunk))
-    plan = dispatch._last[id(registry)].plan
+    plan = _last_plan(registry)
     dispatch.clear_plans()
     assert plan.entry is (entry if chunk == 32 else SMALL_TRITON)
     if chunk == 32:  # 2 + 1 chunks of 32 tokens, each kda_intra program a whole 32-row chunk
@@ -282,3 +287,15 @@ def test_the_run_path_reads_no_environment(monkeypatch):
             kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=2, head_dim_k=64, head_dim_v=64,
                                             lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)
         monkeypatch.delenv(name)
+
+
+@NEEDS_INTERPRETER
+def test_a_plan_that_built_chunk_metadata_from_cu_seqlens_is_not_refreshable():
+    args = make_inputs([40, 30], 2, 64, 64, torch.bfloat16, "cpu")
+    cu = args["cu_seqlens"]
+    kw = dict(num_heads=2, head_dim_k=64, head_dim_v=64, lower_bound=-5.0, has_g_bias=True,
+              use_qk_l2norm_in_kernel=True)
+    assert not kdagen_kernels.plan_kda_prefill(cu, **kw).refreshable
+    assert kdagen_kernels.plan_kda_prefill(cu, chunk_indices=prepare_chunk_indices(cu, 64),
+                                           chunk_offsets=prepare_chunk_offsets(cu, 64), **kw).refreshable
+    assert kdagen_kernels.plan_kda_prefill(None, num_tokens=35, batch_size=2, **kw).refreshable

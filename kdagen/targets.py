@@ -22,11 +22,8 @@ class Target:
     triton_arch: str | int
     warp_size: int
     smem_per_block: int  # bytes a single block/workgroup may use
-    # V rows per fused recurrence block (multiple of 16). The matrix-layer recurrence keeps
-    # hip_v_slice (K + 64) + 64 K bf16 in LDS (templates/hip/include/kda_recurrence.h), so on AMD the slice
-    # is bounded by AMD_MIN_WAVES_PER_SIMD: two 256-thread blocks per CU must fit lds_per_cu (gfx942: 32
-    # rows, 31.5 KiB at K = 128; 64 would be 44.5 KiB). A larger slice re-reads the chunk's workspace fewer
-    # times (V / slice blocks per head).
+    # Read only by kdagen/spec/load.py's older HIP rule (head dims multiples of it) until the loader calls
+    # hip_limits() below; no kernel uses it since the recurrence kernel it sized is gone.
     hip_v_slice: int
     # The fused kernels' matrix layer (templates/hip/include/kda_mma.h KDA_MMA_LAYER: 0 FMA fallback,
     # 1 sm_90 mma.sync, 2 gfx942 MFMA, 3 gfx950 MFMA) and its instruction, for the generated comments.
@@ -52,6 +49,8 @@ class Target:
     # hoist per-lane masks out of it into SGPR pairs, past the 102 SGPRs (spills to VGPR lanes, which the AOT
     # budget refuses), so AMD takes one item per workgroup.
     hip_intra_items: int = 4
+    # Columns one matrix-layer instruction reduces over (kda_mma.h KDA_MMA_K): kda_intra pads T's products to it.
+    hip_mma_k: int = 16
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ TARGETS: dict[str, Target] = {
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
         smem_per_block=160 * 1024, hip_v_slice=64, triton_fp32_dot="ieee",
         hip_mma_layer=3, hip_mma_insn="v_mfma_f32_16x16x32_bf16, wave 64", hip_walk_prefetch=False,
-        hip_intra_items=1,
+        hip_intra_items=1, hip_mma_k=32,
         lds_per_cu=160 * 1024, simds_per_cu=4, vgprs_per_simd_lane=512, max_waves_per_simd=8,
     ),
     "sm_90": Target(
@@ -126,16 +125,86 @@ BACKENDS: tuple[str, ...] = ("triton", "hip")
 # and no scratch. Nothing here can time an AMD GPU, so this is the budget that stands in for a timing.
 AMD_MIN_WAVES_PER_SIMD = 2
 
-# ---- the fused HIP backend (templates/hip/): what its kernels can do, per target facts above.
-# The prologue tiles the head dims by HIP_COLUMN_TILE columns, the recurrence gives each block
-# Target.hip_v_slice rows of V (HIP_FMA_V_SLICE on the FMA fallback), and both kernels use HIP_THREADS
-# threads (4 per chunk row). A larger V slice re-reads the chunk's workspace fewer times (V / slice).
-HIP_DTYPES: tuple[str, ...] = ("bf16",)
+# ---- the fused HIP backend (templates/hip/): kda_intra_kernel (HIP_THREADS threads) and kda_walk_kernel (64 per
+# 16 state rows, at most HIP_WALK_WAVES waves). What they can take is hip_limits() below.
+HIP_DTYPES: tuple[str, ...] = ("bf16", "fp16")
 HIP_CHUNK_SIZE = 64
-HIP_COLUMN_TILE = 32
-HIP_FMA_V_SLICE = 16
 HIP_THREADS = 256
-HIP_ABI = 4  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
+HIP_WALK_WAVES = 8  # kda_walk.h WALK_WAVES
+HIP_WALK_STAGES = 2  # kda_walk.h WALK_STAGES
+# K: a multiple of 32 (kda_intra's row layout packs each thread's K / 16 columns in bf16 pairs, and gfx950's MFMA
+# reduces Aqk / Akk over 32 columns); V: a multiple of 16 (the u and state tiles). Both at most 256 (a thread's
+# row-layout share, K / 16 and V / 16 columns, is at most 16).
+HIP_K_MULTIPLE, HIP_V_MULTIPLE, HIP_MAX_HEAD_DIM = 32, 16, 256
+HIP_COLUMN_TILE = 32  # read only by kdagen/spec/load.py's older rule (see Target.hip_v_slice)
+HIP_ABI = 5  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
+
+
+def _r16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def hip_intra_lds(head_dim_k: int, head_dim_v: int, target: str) -> int:
+    """sizeof(kda::IntraSmem) (templates/hip/include/kda_intra.h) on `target`'s matrix layer: rows padded by 8
+    bf16, T's products padded to the layer's reduction (tests check it against the compiled size)."""
+    K, V, ir = head_dim_k, head_dim_v, 16
+    ikp = max(ir, TARGETS[target].hip_mma_k)
+    r1 = _r16(max(ir * K * 4, ikp * (V + 8) * 2))
+    r2 = _r16(max(3 * ir * (K + 8) * 2, ir * (K + 8) * 2 + ir * (V + 8) * 2))
+    kw, tb, aq = _r16(ikp * (K + 8) * 2), _r16(ir * (ikp + 8) * 2), _r16(ir * ir * 2)
+    a = _r16(ir * (ir + 4) * 4)
+    return _r16(r1 + r2 + kw + tb + aq + 2 * a + ir * 4)
+
+
+def hip_walk_waves(head_dim_v: int) -> int:
+    """kda_walk_kernel's waves per workgroup: the most, up to HIP_WALK_WAVES, whose 16-row tiles divide V."""
+    tiles = head_dim_v // 16
+    return next(w for w in range(min(HIP_WALK_WAVES, tiles), 0, -1) if tiles % w == 0)
+
+
+def hip_walk_lds(head_dim_k: int, head_dim_v: int) -> int:
+    """sizeof(kda::WalkSmem) (templates/hip/include/kda_walk.h): HIP_WALK_STAGES stages of one step's K side."""
+    K, wbv, ir = head_dim_k, 16 * hip_walk_waves(head_dim_v), 16
+    stage = _r16(3 * ir * (K + 8) * 2 + ir * (wbv + 8) * 2 + ir * (ir + 8) * 2 + K * 4)
+    return HIP_WALK_STAGES * stage
+
+
+def _lds_waves(lds: int, threads: int, target: Target) -> int:
+    """Waves per SIMD that a workgroup's LDS alone leaves room for (kdagen/amdgcn.py waves_per_simd's rule)."""
+    groups = target.lds_per_cu // lds
+    return min(groups * (threads // target.warp_size) // target.simds_per_cu, target.max_waves_per_simd)
+
+
+def hip_limits(head_dim_k: int, head_dim_v: int, chunk_size: int, dtype: str, target: str) -> list[str]:
+    """Why the fused HIP kernels cannot take this variant on `target`: one sentence per limit, naming it and by
+    how much it is missed; empty when they can. On AMD the budget is the occupancy one (AMD_MIN_WAVES_PER_SIMD
+    waves per SIMD from LDS alone; registers and scratch are checked on the code objects, tests/aot/test_aot_hip.py),
+    elsewhere the target's shared memory per block."""
+    why = []
+    if dtype not in HIP_DTYPES:
+        why.append(f"dtype {dtype}: the HIP kernels take {', '.join(HIP_DTYPES)}")
+    if chunk_size != HIP_CHUNK_SIZE:
+        why.append(f"chunk_size {chunk_size}: the HIP kernels take {HIP_CHUNK_SIZE}")
+    for name, dim, mult in (("head_dim_k", head_dim_k, HIP_K_MULTIPLE), ("head_dim_v", head_dim_v, HIP_V_MULTIPLE)):
+        if dim % mult or not mult <= dim <= HIP_MAX_HEAD_DIM:
+            why.append(f"{name} {dim}: the HIP kernels take multiples of {mult} from {mult} to {HIP_MAX_HEAD_DIM}")
+    t = TARGETS.get(target)
+    if t is None:
+        why.append(f"target {target}: not one of {', '.join(TARGETS)}")
+    if why:
+        return why
+    for kernel, lds, threads in (("kda_intra_kernel", hip_intra_lds(head_dim_k, head_dim_v, target), HIP_THREADS),
+                                 ("kda_walk_kernel", hip_walk_lds(head_dim_k, head_dim_v),
+                                  64 * hip_walk_waves(head_dim_v))):
+        if lds > t.smem_per_block:
+            why.append(f"{kernel} needs {lds} B of shared memory on {target}, {lds - t.smem_per_block} B over its "
+                       f"{t.smem_per_block} B per workgroup")
+        elif t.vendor == "amd" and (waves := _lds_waves(lds, threads, t)) < AMD_MIN_WAVES_PER_SIMD:
+            need = t.lds_per_cu // -(-AMD_MIN_WAVES_PER_SIMD * t.simds_per_cu // (threads // t.warp_size))
+            why.append(f"{kernel} needs {lds} B of LDS on {target}: {waves} waves per SIMD, under the budget of "
+                       f"{AMD_MIN_WAVES_PER_SIMD}; it fits at {need} B or less ({lds - need} B over)")
+    return why
+
 
 # dtype name -> (bytes per element, torch dtype attribute, triton dtype attribute)
 DTYPES: dict[str, tuple[int, str, str]] = {

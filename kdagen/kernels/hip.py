@@ -1,40 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The fused HIP path's extern "C" launchers (templates/hip/kda_chunk.hip.j2), declared once. See Note
-[Kernel ABI]: the template renders their C parameter lists and the packing into the kernels' argument
-structs from here, runtime/jit_hip.py takes their ctypes argtypes, runtime/fused_path.py and the CPU
-emulation tests bind their arguments by name.
+"""The fused HIP path's extern "C" launchers (templates/hip/kda_chunk.hip.j2) and the kernels' argument
+structs, declared once. See Note [Kernel ABI]: the template renders the launchers' C parameter lists, the
+structs (kda::IntraArgs, kda::WalkArgs) and the packing of one into the other from here; runtime/jit_hip.py
+takes their ctypes argtypes, runtime/fused_path.py and the CPU emulation tests bind their arguments by name.
 
 Changing a launcher's parameters (names aside) changes the C ABI: bump kdagen.targets.HIP_ABI.
-Workspace layouts: kdagen/runtime/fused_path.py. Strides are in elements.
+Strides are in elements. The workspace (qg, w, kg, u, aqk) is bf16 whatever the I/O dtype (kda_common.h).
 """
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
-from .schema import KernelABI, Param, f32, i32, i64, ptr
+from .schema import KernelABI, Param, c_decl, f32, i32, i64, ptr
 
 STREAM = Param("stream", "stream", doc="cudaStream_t / hipStream_t, null for the default stream")
 
-KDA_PROLOGUE_LAUNCH = KernelABI("kda_prologue_launch", (
-    ptr("q", "io"), ptr("k", "io"), ptr("v", "io"), ptr("g", "io"), ptr("beta", "io"),
-    ptr("A_log", "fp32"), ptr("g_bias", "fp32", doc="[H * K], or null"),
-    ptr("cu_seqlens", "i32"), ptr("chunk_indices", "i32"),
-    ptr("qg", "io", writes=True), ptr("w", "io", writes=True), ptr("kg", "io", writes=True),
-    ptr("u", "io", writes=True), ptr("aqk", "io", writes=True), ptr("decay", "fp32", writes=True),
-    i64("sq_t"), i64("sq_h"), i64("sk_t"), i64("sk_h"), i64("sv_t"), i64("sv_h"), i64("sg_t"), i64("sg_h"),
-    i64("sb_t"), i64("sb_h"),
-    i64("num_chunks"), i32("H"), f32("scale"), f32("lower_bound"),
-    i32("lower_bound_gate", "1: lower_bound * sigmoid(a z); 0: -a softplus(z)"), i32("use_l2norm"),
-    STREAM,
-))
-
 KDA_INTRA_LAUNCH = KernelABI("kda_intra_launch", (
     ptr("q", "io"), ptr("k", "io"), ptr("v", "io"), ptr("g", "io"), ptr("beta", "io"),
-    ptr("A_log", "fp32"), ptr("g_bias", "fp32", doc="[H * K], or null"),
+    ptr("A_log", "fp32", doc="[H]; clamped to at most 80 before exp (kda_intra.h)"),
+    ptr("g_bias", "fp32", doc="[H * K], or null"),
     ptr("cu_seqlens", "i32"), ptr("chunk_indices", "i32"),
-    ptr("qg", "io", writes=True), ptr("w", "io", writes=True), ptr("kg", "io", writes=True),
-    ptr("u", "io", writes=True), ptr("aqk", "io", writes=True, doc="[T, H, 16]"),
+    ptr("qg", "bf16", writes=True, doc="[T, H, K]"), ptr("w", "bf16", writes=True, doc="[T, H, K]"),
+    ptr("kg", "bf16", writes=True, doc="[T, H, K]"), ptr("u", "bf16", writes=True, doc="[T, H, V]"),
+    ptr("aqk", "bf16", writes=True, doc="[T, H, 16]"),
     ptr("decay", "fp32", writes=True, doc="[num_chunks * chunk / 16, H, K]"),
     i64("sq_t"), i64("sq_h"), i64("sk_t"), i64("sk_h"), i64("sv_t"), i64("sv_h"), i64("sg_t"), i64("sg_h"),
     i64("sb_t"), i64("sb_h"),
@@ -43,24 +33,8 @@ KDA_INTRA_LAUNCH = KernelABI("kda_intra_launch", (
     STREAM,
 ))
 
-KDA_RECURRENCE_LAUNCH = KernelABI("kda_recurrence_launch", (
-    ptr("qg", "io"), ptr("w", "io"), ptr("kg", "io"), ptr("u", "io"), ptr("aqk", "io"), ptr("decay", "fp32"),
-    ptr("out", "io", writes=True), i64("so_t"), i64("so_h"),
-    ptr("cu_seqlens", "i32"), ptr("chunk_offsets", "i64"),
-    ptr("h0", "fp32", doc="dense initial state [N, H, V, K], or null"), i64("sh0_n"),
-    ptr("ht", "fp32", writes=True, doc="dense final state, or null"), i64("sht_n"),
-    ptr("cache", "fp32", writes=True, doc="paged state [n_slots, H, V, K], read and written, or null"),
-    i64("sc_n"), i64("n_slots"), ptr("cache_idx", "i32"), ptr("has_init", "u8"),
-    ptr("ckpt", "fp32", writes=True, doc="checkpoint rows [n_ckpt_rows, H, V, K], or null"),
-    i64("sck_n"), i64("n_ckpt_rows"), ptr("ckpt_off", "i32"),
-    ptr("ckpt_idx", "i32", doc="null: row = sequence index"),
-    i64("num_seqs"), i32("H"), f32("scale"), i32("groups"),
-    ptr("group_ws", "fp32", writes=True, doc="groups > 1: fp32 operator rows then start states"),
-    STREAM,
-))
-
 KDA_WALK_LAUNCH = KernelABI("kda_walk_launch", (
-    ptr("qg", "io"), ptr("w", "io"), ptr("kg", "io"), ptr("u", "io"), ptr("aqk", "io", doc="[T, H, 16]"),
+    ptr("qg", "bf16"), ptr("w", "bf16"), ptr("kg", "bf16"), ptr("u", "bf16"), ptr("aqk", "bf16", doc="[T, H, 16]"),
     ptr("decay", "fp32", doc="[num_chunks * chunk / 16, H, K]"),
     ptr("out", "io", writes=True), i64("so_t"), i64("so_h"),
     ptr("cu_seqlens", "i32"), ptr("chunk_offsets", "i64", doc="metadata chunks before each sequence"),
@@ -76,45 +50,60 @@ KDA_WALK_LAUNCH = KernelABI("kda_walk_launch", (
     STREAM,
 ))
 
-LAUNCHERS: dict[str, KernelABI] = {k.name: k for k in (KDA_PROLOGUE_LAUNCH, KDA_INTRA_LAUNCH,
-                                                         KDA_RECURRENCE_LAUNCH, KDA_WALK_LAUNCH)}
+LAUNCHERS: dict[str, KernelABI] = {k.name: k for k in (KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH)}
 
-# Launcher parameters that are not fields of the kernel's argument struct (kda::PrologueArgs,
-# kda::RecurrenceArgs, include/kda_*.h): the launch sequence (include/kda_launch.h) takes them itself.
-LAUNCH_ONLY: dict[str, tuple[str, ...]] = {
-    "kda_prologue_launch": ("num_chunks", "stream"),
-    "kda_intra_launch": ("num_chunks", "stream"),
-    "kda_recurrence_launch": ("group_ws", "stream"),
-    "kda_walk_launch": ("stream",),
-}
+
+@dataclass(frozen=True)
+class ArgStruct:
+    """A kernel's argument struct: its launcher's parameters but `launch_only` (the launch sequence,
+    include/kda_launch.h, takes those itself), in order, then `kernel_only` fields the launch sequence sets."""
+
+    name: str  # in namespace kda
+    abi: KernelABI
+    launch_only: tuple[str, ...]
+    kernel_only: tuple[Param, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.launch_only) - {p.name for p in self.abi.params}
+        if unknown:
+            raise ValueError(f"{self.name}: launch_only names {sorted(unknown)} are not parameters of {self.abi.name}")
+
+    def fields(self) -> list[Param]:
+        return [p for p in self.abi.params if p.name not in self.launch_only] + list(self.kernel_only)
+
+    def c_body(self, indent: str = "  ") -> str:
+        """One `type name;  // doc` line per field."""
+        return "\n".join(indent + c_decl(p) + ";" + (f"  // {p.doc}" if p.doc else "") for p in self.fields())
+
+    def c_packing(self, var: str = "a", indent: str = "  ", width: int = 100) -> str:
+        """`a.q = q; a.k = k; ...` for every field the launcher passes, wrapped at `width` columns (the C
+        types are the same declarations)."""
+        lines, line = [], ""
+        for p in self.abi.params:
+            if p.name in self.launch_only:
+                continue
+            stmt = f"{var}.{p.name} = {p.name};"
+            if line and len(indent) + len(line) + 1 + len(stmt) > width:
+                lines.append(line)
+                line = ""
+            line = f"{line} {stmt}" if line else stmt
+        if line:
+            lines.append(line)
+        return "\n".join(indent + line for line in lines)
+
+
+STRUCTS: dict[str, ArgStruct] = {s.abi.name: s for s in (
+    ArgStruct("IntraArgs", KDA_INTRA_LAUNCH, ("num_chunks", "stream"), (
+        i32("n_items", "walk chunks x H, below 2^31"),
+        i32("vec", "bit i: projection i (g, q, k, v) takes whole-run loads (intra_vec)"),
+    )),
+    ArgStruct("WalkArgs", KDA_WALK_LAUNCH, ("stream",)),
+)}
 
 # The parameterless extern "C" queries of every library, with their ctypes return types.
 QUERIES: dict[str, type] = {
-    "kda_abi_version": ctypes.c_int, "kda_target": ctypes.c_char_p, "kda_head_dim_k": ctypes.c_int,
-    "kda_head_dim_v": ctypes.c_int, "kda_chunk_size": ctypes.c_int, "kda_v_slice": ctypes.c_int,
-    "kda_prologue_smem_bytes": ctypes.c_int, "kda_recurrence_smem_bytes": ctypes.c_int,
-    "kda_intra_smem_bytes": ctypes.c_int, "kda_walk_smem_bytes": ctypes.c_int,
+    "kda_abi_version": ctypes.c_int, "kda_target": ctypes.c_char_p, "kda_variant": ctypes.c_char_p,
+    "kda_head_dim_k": ctypes.c_int, "kda_head_dim_v": ctypes.c_int, "kda_chunk_size": ctypes.c_int,
+    "kda_v_slice": ctypes.c_int, "kda_intra_smem_bytes": ctypes.c_int, "kda_walk_smem_bytes": ctypes.c_int,
     "kda_walk_threads": ctypes.c_int,
-    "kda_recurrence_blocks_per_sm": ctypes.c_int,
 }
-
-
-def struct_fields(abi: KernelABI) -> list[str]:
-    """The launcher's parameters that it copies into the kernel's argument struct, in order."""
-    skip = LAUNCH_ONLY[abi.name]
-    return [p.name for p in abi.params if p.name not in skip]
-
-
-def c_packing(abi: KernelABI, struct: str = "a", indent: str = "  ", width: int = 100) -> str:
-    """`a.q = q; a.k = k; ...` for every struct field, wrapped at `width` columns (the C types match:
-    the struct's pointers have the launcher's element types)."""
-    lines, line = [], ""
-    for name in struct_fields(abi):
-        stmt = f"{struct}.{name} = {name};"
-        if line and len(indent) + len(line) + 1 + len(stmt) > width:
-            lines.append(line)
-            line = ""
-        line = f"{line} {stmt}" if line else stmt
-    if line:
-        lines.append(line)
-    return "\n".join(indent + line for line in lines)

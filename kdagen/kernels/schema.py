@@ -23,9 +23,9 @@ from typing import Literal
 ParamKind = Literal["ptr", "int", "float", "constexpr", "stream"]
 
 # Element types a pointer can have, in Triton's AOT spelling; "io" is the variant's I/O dtype (bf16 / fp16).
-PTR_DTYPES = ("io", "fp32", "i32", "i64", "i1", "u8")
+PTR_DTYPES = ("io", "bf16", "fp32", "i32", "i64", "i1", "u8")
 INT_TYPES = {"i32": ("int32_t", ctypes.c_int32), "i64": ("int64_t", ctypes.c_int64)}
-C_PTR_TYPES = {"io": "kda_io_t", "fp32": "float", "i32": "int32_t", "i64": "int64_t", "i1": "uint8_t",
+C_PTR_TYPES = {"io": "kda_io_t", "bf16": "kda_bf16", "fp32": "float", "i32": "int32_t", "i64": "int64_t", "i1": "uint8_t",
                "u8": "uint8_t"}
 
 
@@ -176,20 +176,7 @@ class KernelABI:
     # ---- C (the HIP launchers)
     def c_params(self, indent: str = "    ") -> str:
         """The extern "C" parameter list; pointers are typed by dtype, const unless written."""
-        out = []
-        for p in self.params:
-            if p.kind == "constexpr":
-                raise ValueError(f"{self.name}: a C launcher has no constexpr parameters ({p.name})")
-            if p.kind == "ptr":
-                c = f"{'' if p.writes else 'const '}{C_PTR_TYPES[p.dtype]}* {p.name}"
-            elif p.kind == "int":
-                c = f"{INT_TYPES[p.dtype][0]} {p.name}"
-            elif p.kind == "stream":
-                c = f"void* {p.name}"
-            else:
-                c = f"float {p.name}"
-            out.append(c)
-        return (",\n" + indent).join(out)
+        return (",\n" + indent).join(c_decl(p, self.name) for p in self.params)
 
     def ctypes_types(self) -> list[type]:
         types: list[type] = []
@@ -203,3 +190,17 @@ class KernelABI:
             else:
                 raise ValueError(f"{self.name}: a C launcher has no constexpr parameters ({p.name})")
         return types
+
+
+def c_decl(p: Param, owner: str = "") -> str:
+    """`p` as a C declaration (a launcher parameter or an argument struct's field): pointers typed by dtype,
+    const unless written, the stream as void*."""
+    if p.kind == "ptr":
+        return f"{'' if p.writes else 'const '}{C_PTR_TYPES[p.dtype]}* {p.name}"
+    if p.kind == "int":
+        return f"{INT_TYPES[p.dtype][0]} {p.name}"
+    if p.kind == "stream":
+        return f"void* {p.name}"
+    if p.kind == "float":
+        return f"float {p.name}"
+    raise ValueError(f"{owner or 'C'}: a C declaration has no constexpr parameters ({p.name})")

@@ -19,7 +19,7 @@ from kdagen.kernels import op_schema
 from kdagen.render.env import RenderError, torch_dtype, triton_dtype
 from kdagen.spec.model import OpSpec, VariantSpec
 from kdagen.targets import (
-    AMD_MIN_WAVES_PER_SIMD, HIP_ABI, HIP_COLUMN_TILE, HIP_FMA_V_SLICE, HIP_THREADS, SUB_CHUNK, TARGETS, next_pow2,
+    AMD_MIN_WAVES_PER_SIMD, HIP_ABI, HIP_THREADS, SUB_CHUNK, TARGETS, next_pow2,
 )
 
 # backend -> (template, output path relative to generated/kdagen_kernels/ with {name} = VariantSpec.name)
@@ -148,14 +148,11 @@ def hip_context(v: VariantSpec, target: str, stamp: str) -> dict[str, Any]:
         "K": v.head_dim_k,
         "V": v.head_dim_v,
         "BT": v.chunk_size,
-        "DK": HIP_COLUMN_TILE,
-        "BVS": TARGETS[target].hip_v_slice,
-        "BVS_FMA": HIP_FMA_V_SLICE,
         "THREADS": HIP_THREADS,
         "amd_min_waves": AMD_MIN_WAVES_PER_SIMD,
         "abi_version": HIP_ABI,
         "abi": hip_kernels.LAUNCHERS,
-        "c_packing": hip_kernels.c_packing,
+        "structs": hip_kernels.STRUCTS,
         "stamp": stamp,
         "kdagen_version": kdagen.__version__,
     }

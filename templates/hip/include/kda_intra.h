@@ -39,16 +39,22 @@ constexpr int IWAVES = THREADS / KDA_WARP;
 #define INTRA_ITEMS 4
 #endif
 constexpr int IITEMS = INTRA_ITEMS;
-static_assert(BT % IR == 0 && THREADS % IR == 0 && K % ITPR == 0 && V % ITPR == 0, "row layout");
-static_assert(IEK % 4 == 0 && IEV % 4 == 0 && IEK <= 16 && IEV <= 16, "row layout: 8-byte runs at least");
+// K a multiple of 32: a thread's K columns are whole bf16 pairs (q, k and g stay packed in 32-bit words) and
+// gfx950's MFMA reduces Aqk / Akk over 32 columns at a time. V a multiple of 16 (the u tiles).
+static_assert(BT % IR == 0 && THREADS % IR == 0 && K % (2 * ITPR) == 0 && V % ITPR == 0, "row layout");
+static_assert(K % KDA_MMA_K == 0 && IEK <= 16 && IEV <= 16, "row layout: K, V <= 256");
 static_assert(KDA_WARP % ITPR == 0, "a row's threads share one wave (the norms' shuffles)");
-constexpr int ISCAN = THREADS / K;      // threads per column in the cumulative sum (adjacent lanes)
-static_assert(THREADS % K == 0 && IR % ISCAN == 0 && KDA_WARP % ISCAN == 0, "scan layout");
+constexpr int kda_pow2_floor(int x) { return x >= 2 ? 2 * kda_pow2_floor(x / 2) : 1; }
+// Threads per column in the cumulative sum (adjacent lanes), a power of two: every column in one pass
+// (THREADS / ISCAN >= K), the lanes past K idle.
+constexpr int ISCAN = kda_pow2_floor(THREADS / K) < IR ? kda_pow2_floor(THREADS / K) : IR;
+static_assert(THREADS / ISCAN >= K && IR % ISCAN == 0 && KDA_WARP % ISCAN == 0, "scan layout");
 static_assert(IWAVES >= 3, "Aqk and Akk run on two waves while the others load v");
 static_assert(V % 8 == 0, "v moves in runs of 8");
 static_assert(IR * IR <= THREADS, "FMA fallback: one thread per Aqk / Akk entry");
 
 #if KDA_MMA_LAYER == KDA_LAYER_FMA
+#define KDA_MMA_K 16
 constexpr int IKP = IR;
 #else
 // The T products' reduction runs over KDA_MMA_K rows (32 on gfx950): T's columns and the B tiles' rows past
@@ -60,19 +66,7 @@ constexpr int IKP = IR > KDA_MMA_K ? IR : KDA_MMA_K;
 constexpr int ILK = K + 8, ILV = V + 8, ILT = IKP + 8;
 constexpr int ILA = IR + 4;  // fp32 rows of A: 16-byte aligned for the substitution's row reads
 
-struct IntraArgs {
-  const kda_bf16 *q, *k, *v, *g, *beta;
-  const float* A_log;
-  const float* g_bias;  // [H * K], or null
-  const int32_t *cu_seqlens, *chunk_indices;
-  kda_bf16 *qg, *w, *kg, *u, *aqk;  // [T, H, K] / [T, H, V] / [T, H, IR]
-  float* decay;                      // [walk chunks, H, K]
-  int64_t sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h;
-  int n_items;  // walk chunks x H, below 2^31 (set by intra_launch)
-  int vec;      // bit i: projection i (g, q, k, v) takes 16-byte loads (intra_vec; set by intra_launch)
-  int H;
-  float scale, lower_bound;
-};
+// IntraArgs: rendered by the instantiation from kdagen/kernels/hip.py.
 
 // Buffers alias by phase: r1 holds the gate (1-3), then beta v (4-5); r2 the Aqk / Akk operands (3-4), then
 // the w / u rows on their way out (5-6).
@@ -98,15 +92,15 @@ struct alignas(16) IntraSmem {
 template <int N>
 struct alignas(N >= 8 ? 16 : 2 * N) IntraRun { kda_bf16 x[N]; };
 template <int N>
-constexpr int IRUN = N >= 8 ? 8 : N;  // elements per access
+constexpr int IRUN = N % 8 == 0 ? 8 : N % 4 == 0 ? 4 : N % 2 == 0 ? 2 : 1;  // elements per access
 
 template <int N>
 struct alignas(N >= 8 ? 16 : 2 * N) IntraWords { uint32_t w[N / 2]; };
-// N bf16 from global memory as N / 2 words (element 2i in the low half of word i), zeros when !valid: 8- or
+// N I/O elements from global memory as N / 2 words (element 2i in the low half of word i), zeros when !valid: 8- or
 // 16-byte loads when `vec`, else one by one (strided projections). Words, not 16-bit lanes: the compiler then
 // neither splits nor merges halves, and a float costs one shift or mask (intra_f).
 template <int N>
-__device__ __forceinline__ void intra_load(IntraWords<N>& out, const kda_bf16* p, bool vec, bool valid) {
+__device__ __forceinline__ void intra_load(IntraWords<N>& out, const kda_io* p, bool vec, bool valid) {
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) out.w[i] = 0u;
   if (!valid) return;
@@ -121,7 +115,11 @@ __device__ __forceinline__ void intra_load(IntraWords<N>& out, const kda_bf16* p
 }
 template <int N>
 __device__ __forceinline__ float intra_f(const IntraWords<N>& r, int e) {  // element e as fp32
+#if KDA_IO_FP16
+  return kda_f16_to_f32((uint16_t)(e % 2 == 0 ? r.w[e / 2] & 0xffffu : r.w[e / 2] >> 16));
+#else
   return kda_u2f(e % 2 == 0 ? r.w[e / 2] << 16 : r.w[e / 2] & 0xffff0000u);
+#endif
 }
 template <int N>
 __device__ __forceinline__ void intra_store(kda_bf16* p, const float* x) {  // p 2N-byte aligned (LDS or global)
@@ -139,24 +137,29 @@ __device__ __forceinline__ void intra_copy(kda_bf16* dst, const kda_bf16* src) {
   for (int i = 0; i < N; i += IRUN<N>)
     *reinterpret_cast<IntraRun<IRUN<N>>*>(dst + i) = *reinterpret_cast<const IntraRun<IRUN<N>>*>(src + i);
 }
-struct alignas(16) IntraF4 { float x[4]; };
+template <int R>
+struct alignas(4 * R) IntraF { float x[R]; };
 template <int N>
-__device__ __forceinline__ void intra_ld_f(float* out, const float* p) {  // N fp32, 16-byte aligned
+constexpr int IFRUN = N % 4 == 0 ? 4 : N % 2 == 0 ? 2 : 1;  // fp32 per access
+template <int N>
+__device__ __forceinline__ void intra_ld_f(float* out, const float* p) {  // N fp32, 4 IFRUN-byte aligned
+  using F = IntraF<IFRUN<N>>;
 #pragma unroll
-  for (int i = 0; i < N; i += 4) *reinterpret_cast<IntraF4*>(out + i) = *reinterpret_cast<const IntraF4*>(p + i);
+  for (int i = 0; i < N; i += IFRUN<N>) *reinterpret_cast<F*>(out + i) = *reinterpret_cast<const F*>(p + i);
 }
 template <int N>
 __device__ __forceinline__ void intra_st_f(float* p, const float* x) {
+  using F = IntraF<IFRUN<N>>;
 #pragma unroll
-  for (int i = 0; i < N; i += 4) *reinterpret_cast<IntraF4*>(p + i) = *reinterpret_cast<const IntraF4*>(x + i);
+  for (int i = 0; i < N; i += IFRUN<N>) *reinterpret_cast<F*>(p + i) = *reinterpret_cast<const F*>(x + i);
 }
 __host__ __device__ __forceinline__ bool intra_aligned(const void* p, int64_t s1, int64_t s2, int run) {
   return ((uintptr_t)p % 16 == 0) && (s1 % run == 0) && (s2 % run == 0);
 }
 // Which projections are read in whole runs (loop-invariant: computed once on the host, not per item).
 inline int intra_vec(const IntraArgs& a) {
-  return intra_aligned(a.g, a.sg_t, a.sg_h, IEK) | intra_aligned(a.q, a.sq_t, a.sq_h, IEK) << 1 |
-         intra_aligned(a.k, a.sk_t, a.sk_h, IEK) << 2 | intra_aligned(a.v, a.sv_t, a.sv_h, 8) << 3;
+  return intra_aligned(a.g, a.sg_t, a.sg_h, IRUN<IEK>) | intra_aligned(a.q, a.sq_t, a.sq_h, IRUN<IEK>) << 1 |
+         intra_aligned(a.k, a.sk_t, a.sk_h, IRUN<IEK>) << 2 | intra_aligned(a.v, a.sv_t, a.sv_h, 8) << 3;
 }
 
 // T = (I + A)^-1 in fp32, A strictly lower, exact: the two IH-row diagonal blocks by forward substitution at once
@@ -258,7 +261,7 @@ struct IntraItem {
 // This thread's share of an item's inputs in the row layout (row r, columns c0 ...), zeros past the end.
 struct IntraIn {
   IntraWords<IEK> q, k, z;
-  kda_bf16 beta;
+  kda_io beta;
 };
 __device__ __forceinline__ void intra_fetch(const IntraArgs& p, int n, int r, int c0, IntraItem& it, IntraIn& in) {
   it.h = n % p.H;
@@ -274,7 +277,7 @@ __device__ __forceinline__ void intra_fetch(const IntraArgs& p, int n, int r, in
   intra_load<IEK>(in.z, p.g + tok * p.sg_t + h * p.sg_h + c0, p.vec & 1, valid);
   intra_load<IEK>(in.q, p.q + tok * p.sq_t + h * p.sq_h + c0, p.vec & 2, valid);
   intra_load<IEK>(in.k, p.k + tok * p.sk_t + h * p.sk_h + c0, p.vec & 4, valid);
-  in.beta = valid ? p.beta[tok * p.sb_t + h * p.sb_h] : (kda_bf16)0;
+  in.beta = valid ? p.beta[tok * p.sb_t + h * p.sb_h] : (kda_io)0;
 }
 
 __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_kernel(IntraArgs p) {
@@ -306,12 +309,16 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
     // ---- 1: the gate, row layout ---------------------------------------------------------------------
     const bool valid = r < L;
     const int64_t tok = t0 + r;
-    const float a_h = kda_exp(p.A_log[h]);
+    // exp(A_log) overflows fp32 from A_log = 88.7 on (NaN where float64 is finite): clamped at 80. exp(80) ~ 5.5e34
+    // saturates the gate (lb or 0) unless |z + bias| < ~1e-33, so the clamp changes nothing float64 can tell from
+    // fp32 rounding; z + bias is summed before the product, so a huge a never meets inf - inf. (NaN stays NaN.)
+    const float a_log = p.A_log[h];
+    const float a_h = kda_exp(a_log > A_LOG_MAX ? A_LOG_MAX : a_log);
     // Rows past the end get the gate 0 (lb 0), so that row IR - 1's cumulative sum is the last valid row's; the
     // factor is computed on every row, a branch per element would cost more than it saves.
     const float cexp = -a_h * RCP_LN2, lb = valid ? p.lower_bound * RCP_LN2 : 0.f;
     const IntraWords<IEK> qr = in.q, kr = in.k, zr = in.z;  // (v: phase 4)
-    const float beta = valid ? kda_sigmoid(bf(in.beta)) : 0.f;
+    const float beta = valid ? kda_sigmoid(kda_io_to_f32(in.beta)) : 0.f;
     {
       float ga[IEK], bias[IEK];
 #pragma unroll
@@ -320,7 +327,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
 #pragma unroll
       for (int e = 0; e < IEK; ++e) {
         // lower_bound * sigmoid(a (z + bias)) / ln 2 as one exp2 and one division (the Triton kernels' form)
-        ga[e] = kda_fast_div(lb, 1.f + kda_exp2(intra_f(zr, e) * cexp + bias[e] * cexp));
+        ga[e] = kda_fast_div(lb, 1.f + kda_exp2((intra_f(zr, e) + bias[e]) * cexp));
       }
       intra_st_f<IEK>(&s.r1.G[r][c0], ga);
     }
@@ -329,7 +336,9 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
     // ---- 2: cumulative sum of each column over the 16 rows: ISCAN adjacent lanes per column, IR / ISCAN rows
     // each, their offsets by a butterfly over those lanes ------------------------------------------------
     {
-      const int c = tid / ISCAN, part = tid % ISCAN, r0 = part * (IR / ISCAN);
+      const int cl = tid / ISCAN, part = tid % ISCAN, r0 = part * (IR / ISCAN);
+      const bool live = cl < K;  // lanes past K shuffle among themselves (their sums are never used), write nothing
+      const int c = live ? cl : K - 1;
       float x[IR / ISCAN], tot = 0.f;
 #pragma unroll
       for (int i = 0; i < IR / ISCAN; ++i) {
@@ -343,8 +352,10 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
         if (part & d) pre += other;
         tot += other;
       }
+      if (live) {
 #pragma unroll
-      for (int i = 0; i < IR / ISCAN; ++i) s.r1.G[r0 + i][c] = x[i] + pre;
+        for (int i = 0; i < IR / ISCAN; ++i) s.r1.G[r0 + i][c] = x[i] + pre;
+      }
     }
     __syncthreads();
 

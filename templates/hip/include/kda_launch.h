@@ -8,8 +8,6 @@
 // chevron here, a CPU model in tests/build/hip_emulation/kda_port.h (which defines it first).
 #pragma once
 
-#include "kda_prologue.h"
-#include "kda_group_scan.h"  // (and kda_recurrence.h)
 #include "kda_intra.h"
 #include "kda_walk.h"
 
@@ -37,26 +35,6 @@ constexpr size_t kda_dyn_smem(size_t bytes) { return KDA_DYNAMIC_SMEM ? bytes : 
 }  // namespace
 
 namespace kda {
-
-// Resident recurrence blocks per multiprocessor (for the host's group-count choice); < 0: an error code.
-inline int recurrence_blocks_per_sm() {
-  int err = kda_prepare<decltype(&kda_recurrence_kernel), RecurrenceSmem>(&kda_recurrence_kernel);
-  if (err) return -err;
-  int blocks = 0;
-  err = (int)kdaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kda_recurrence_kernel, THREADS,
-                                                          kda_dyn_smem(sizeof(RecurrenceSmem)));
-  return err ? -err : blocks;
-}
-
-// One block per (chunk, head).
-inline int prologue_launch(const PrologueArgs& a, int64_t num_chunks, kdaStream_t stream) {
-  if (num_chunks <= 0 || a.H <= 0) return 0;
-  int err = kda_prepare<decltype(&kda_prologue_kernel), PrologueSmem>(&kda_prologue_kernel);
-  if (err) return err;
-  dim3 grid((unsigned)num_chunks, (unsigned)a.H);
-  KDA_LAUNCH_KERNEL(kda_prologue_kernel, grid, THREADS, kda_dyn_smem(sizeof(PrologueSmem)), stream)(a);
-  return (int)kdaGetLastError();
-}
 
 // IITEMS (16-row walk chunk, head) items per block: num_chunks metadata chunks of BT rows, ISPLIT walk chunks
 // each, times H.
@@ -87,32 +65,6 @@ inline int walk_launch(const WalkArgs& a, kdaStream_t stream) {
   (void)stream;
   return (int)kdaErrorInvalidValue;
 #endif
-}
-
-// groups == 1: one pass. groups > 1: pass 1, the scan and pass 2, with group_ws (fp32) holding
-// (groups - 1) N H (V + K) K operator rows followed by groups N H V K start states. `a.pass`, `a.gop` and
-// `a.gin` are set here.
-inline int recurrence_launch(RecurrenceArgs a, float* group_ws, kdaStream_t stream) {
-  if (a.num_seqs <= 0 || a.H <= 0) return 0;
-  if (a.groups < 1 || (a.groups > 1 && !group_ws)) return (int)kdaErrorInvalidValue;
-  int err = kda_prepare<decltype(&kda_recurrence_kernel), RecurrenceSmem>(&kda_recurrence_kernel);
-  if (err) return err;
-  a.gop = group_ws;
-  a.gin = a.gop + (int64_t)(a.groups - 1) * a.num_seqs * a.H * (V + K) * K;
-  const size_t smem = kda_dyn_smem(sizeof(RecurrenceSmem));
-  const unsigned nh = (unsigned)(a.num_seqs * a.H);
-  if (a.groups > 1) {
-    a.pass = kGroupOperators;
-    KDA_LAUNCH_KERNEL(kda_recurrence_kernel, dim3(nh, (V + K) / BVS, a.groups - 1), THREADS, smem, stream)(a);
-    if ((err = (int)kdaGetLastError())) return err;
-    KDA_LAUNCH_KERNEL(kda_group_scan_kernel, dim3(nh, V / SCAN_ROWS), THREADS, 0, stream)(a);
-    if ((err = (int)kdaGetLastError())) return err;
-    a.pass = kGroupOutputs;
-  } else {
-    a.pass = kSinglePass;
-  }
-  KDA_LAUNCH_KERNEL(kda_recurrence_kernel, dim3(nh, V / BVS, a.groups), THREADS, smem, stream)(a);
-  return (int)kdaGetLastError();
 }
 
 }  // namespace kda

@@ -7,7 +7,6 @@
 //   kda_frag_a / kda_frag_b / kda_frag_c   this lane's share of A, B and of the fp32 accumulator tile
 //   kda_load_a<SM, SK>(a, p)               A[m][k] = p[m * SM + k * SK]    (m < 16, k < KDA_MMA_K)
 //   kda_load_b<SK, SN>(b, p)               B[k][n] = p[k * SK + n * SN]    (k < KDA_MMA_K, n < 16)
-//   kda_load_a_rows(a, p, sm, rows)        A[m][k] = m < rows ? p[m * sm + k] : 0   (runtime row stride)
 //   kda_load_a_lds<SM>, kda_load_b_lds<SK, SN>   the same from 16-byte aligned LDS rows (ldmatrix on sm_90)
 //   kda_frag_zero(c); c.x[i], i < KDA_C_ELEMS, holds C[kda_c_row(i)][kda_c_col(i)]
 //   kda_mma16(c, a, b)                     c += a * b (fp32 accumulation of exact bf16 products)
@@ -173,20 +172,6 @@ __device__ __forceinline__ void kda_load_b(kda_frag_b& b, const kda_bf16* p) {
   } else {
 #pragma unroll
     for (int i = 0; i < KDA_B_ELEMS; ++i) b.x[i] = p[kda_b_row(i) * SK + kda_b_col(i) * SN];
-  }
-}
-
-// A[m][k] = p[m * sm + k] for m < rows, 0 for the rows past them: an A operand read straight from a
-// row-major array (global memory, a runtime row stride, k contiguous) into the fragment, so that operands
-// no other wave needs never pass through shared memory. Alignment as for kda_load_a with SK == 1.
-__device__ __forceinline__ void kda_load_a_rows(kda_frag_a& a, const kda_bf16* p, int64_t sm, int rows) {
-#pragma unroll
-  for (int i = 0; i < KDA_A_ELEMS; i += KDA_KRUN) {
-    kda_bf16_run<KDA_KRUN> r = {};
-    const int m = kda_a_row(i);
-    if (m < rows) r = *reinterpret_cast<const kda_bf16_run<KDA_KRUN>*>(p + m * sm + kda_a_col(i));
-#pragma unroll
-    for (int e = 0; e < KDA_KRUN; ++e) a.x[i + e] = r.v[e];
   }
 }
 

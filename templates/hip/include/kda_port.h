@@ -15,6 +15,7 @@
 #if defined(__CUDACC__)
 // ------------------------------------------------------------------------------------------ CUDA
 #include <cuda_runtime.h>
+#include <cuda_fp16.h>
 #define KDA_WARP 32
 typedef cudaStream_t kdaStream_t;
 typedef cudaError_t kdaError_t;
@@ -22,7 +23,6 @@ typedef cudaError_t kdaError_t;
 #define kdaGetLastError cudaGetLastError
 #define kdaGetErrorString cudaGetErrorString
 #define kdaErrorInvalidValue cudaErrorInvalidValue
-#define kdaOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define KDA_DYNAMIC_SMEM 1
 #define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 // ... and at least `blocks` resident blocks per SM (registers capped to fit); AMD keeps its waves-per-SIMD floor.
@@ -40,7 +40,6 @@ __device__ __forceinline__ float kda_rsqrt(float x) {
   asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 }
-__device__ __forceinline__ float kda_log(float x) { return __logf(x); }
 __device__ __forceinline__ uint32_t kda_f2u(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ float kda_u2f(uint32_t x) { return __uint_as_float(x); }
 __device__ __forceinline__ float kda_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -65,6 +64,8 @@ template <int N>
 __device__ __forceinline__ void kda_copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void kda_copy_wait_all() { kda_copy_wait<0>(); }
 #define KDA_HW_BF16 1
+__device__ __forceinline__ float kda_f16_to_f32(uint16_t x) { return __half2float(__ushort_as_half(x)); }
+__device__ __forceinline__ uint16_t kda_f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
 __device__ __forceinline__ uint16_t kda_cvt_bf16(float f) {  // cvt.rn: round to nearest even, NaN stays NaN
   uint16_t r;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
@@ -114,7 +115,6 @@ typedef hipError_t kdaError_t;
 #define kdaGetLastError hipGetLastError
 #define kdaGetErrorString hipGetErrorString
 #define kdaErrorInvalidValue hipErrorInvalidValue
-#define kdaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 // HIP's second __launch_bounds__ argument is the minimum waves per EU (SIMD): amdgpu_waves_per_eu.
 #define KDA_LAUNCH_BOUNDS(n) __launch_bounds__(n, KDA_AMD_MIN_WAVES_PER_EU)
 #endif
@@ -125,10 +125,12 @@ typedef hipError_t kdaError_t;
 // v_exp_f32 and v_rsq_f32 without the library's denormal range scaling (see the CUDA side).
 __device__ __forceinline__ float kda_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
 __device__ __forceinline__ float kda_rsqrt(float x) { return __builtin_amdgcn_rsqf(x); }
-__device__ __forceinline__ float kda_log(float x) { return __builtin_logf(x); }
 __device__ __forceinline__ uint32_t kda_f2u(float x) { return __builtin_bit_cast(uint32_t, x); }
 __device__ __forceinline__ float kda_u2f(uint32_t x) { return __builtin_bit_cast(float, x); }
 __device__ __forceinline__ float kda_fast_div(float a, float b) { return a * __builtin_amdgcn_rcpf(b); }
+// fp16 <-> fp32: one v_cvt each (round to nearest even).
+__device__ __forceinline__ float kda_f16_to_f32(uint16_t x) { return (float)__builtin_bit_cast(_Float16, x); }
+__device__ __forceinline__ uint16_t kda_f32_to_f16(float f) { return __builtin_bit_cast(uint16_t, (_Float16)f); }
 // LDS writes of one wave visible to the whole wave.
 __device__ __forceinline__ void kda_wave_sync() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
@@ -186,6 +188,26 @@ __device__ __forceinline__ uint32_t kda_f32x2_to_bf16x2(float lo, float hi) {
   return r;
 #else
   return (uint32_t)kda_f32_to_bf16(lo) | ((uint32_t)kda_f32_to_bf16(hi) << 16);
+#endif
+}
+// The I/O element type (q, k, v, g, beta, out) as raw 16-bit patterns: bf16, or fp16 where the instantiation sets
+// KDA_IO_FP16. Everything past the loads is fp32 or the bf16 workspace.
+#ifndef KDA_IO_FP16
+#define KDA_IO_FP16 0
+#endif
+typedef uint16_t kda_io;
+__device__ __forceinline__ float kda_io_to_f32(kda_io x) {
+#if KDA_IO_FP16
+  return kda_f16_to_f32(x);
+#else
+  return kda_bf16_to_f32(x);
+#endif
+}
+__device__ __forceinline__ kda_io kda_f32_to_io(float f) {
+#if KDA_IO_FP16
+  return kda_f32_to_f16(f);
+#else
+  return kda_f32_to_bf16(f);
 #endif
 }
 __device__ __forceinline__ float kda_exp(float x) { return kda_exp2(x * 1.4426950408889634f); }

@@ -3,7 +3,7 @@
 // (copied verbatim; constants: kda_common.h, kda_intra.h).
 //
 // One workgroup per (sequence, head, WBV-row V slice) walks the sequence's walk chunks in order (the plain walk,
-// one group: the Triton kernel kda_recurrence at PASS 0, SPLIT = ISPLIT, computes the same):
+// one group: the Triton walk on 16-row steps computes the same):
 //   v_new^T = u^T - S w^T,   o^T = scale S qg^T + v_new^T tril(aqk)^T,   S = S diag(decay) + v_new^T kg
 // with S [V, K] fp32, its bf16 copy and v_new (bf16) as the products' operands, where the Triton walk rounds
 // them. Each wave owns 16 state rows and every column: WCT accumulator tiles, held in registers for the whole
@@ -25,44 +25,23 @@
 
 namespace kda {
 
-struct WalkArgs {
-  const kda_bf16 *qg, *w, *kg, *u, *aqk;  // kda_intra's workspace: [T, H, K], [T, H, V], [T, H, IR]
-  const float* decay;                     // [walk chunks, H, K]
-  kda_bf16* out;
-  int64_t so_t, so_h;
-  const int32_t* cu_seqlens;
-  const int64_t* chunk_offsets;           // metadata chunks (BT rows) before each sequence
-  const float* h0;                        // initial state (dense [N, H, V, K] or the cache), or null
-  int64_t sh0_n, sh0_h;
-  int state_in;
-  float* ht;                              // final state (dense, or the cache), or null
-  int64_t sht_n, sht_h;
-  int state_out;
-  const int32_t* state_idx;
-  int64_t n_slots;
-  const uint8_t* has_init;
-  float* ckpt;                            // checkpoint rows [rows, H, V, K], or null
-  int64_t sck_n, n_ckpt_rows;
-  const int32_t* ckpt_off;
-  const int32_t* ckpt_idx;                // null: row = sequence index
-  int64_t num_seqs;
-  int H;
-  float scale;
-};
+// WalkArgs: rendered by the instantiation from kdagen/kernels/hip.py.
 
 #if KDA_MMA_LAYER != KDA_LAYER_FMA
 #define KDA_HAS_WALK 1
 #ifndef WALK_WAVES
 #define WALK_WAVES 8
 #endif
-constexpr int WWAVES = V / 16 < WALK_WAVES ? V / 16 : WALK_WAVES;  // 16 state rows per wave
+// 16 state rows per wave; the most waves (at most WALK_WAVES) whose rows tile V.
+constexpr int walk_waves(int tiles, int most) { return most <= 1 || tiles % most == 0 ? most : walk_waves(tiles, most - 1); }
+constexpr int WWAVES = walk_waves(V / 16, WALK_WAVES);
 constexpr int WTHREADS = WWAVES * KDA_WARP;
 constexpr int WBV = 16 * WWAVES;                   // V rows per workgroup
 constexpr int WCT = K / 16;                        // state column tiles per wave
 // Rows padded by 8 bf16: the fragment reads of 8 consecutive rows fall in distinct banks, rows stay 16-byte
 // aligned for the copies.
 constexpr int WLK = K + 8, WLV = WBV + 8, WLA = IR + 8;
-static_assert(IR == 16 && V % WBV == 0 && K % 16 == 0, "walk tiles");
+static_assert(IR == 16 && V % WBV == 0 && K % 16 == 0 && V % 16 == 0, "walk tiles");
 // The target's Target.hip_walk_prefetch (rendered by the instantiation): AMD copies' registers held across a step.
 #ifndef KDA_WALK_PREFETCH
 #define KDA_WALK_PREFETCH 1
@@ -243,11 +222,11 @@ __global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kern
         if (kda_oth_k(e) > kda_oth_y(e)) b.x[e] = 0;
       kda_mma_oo(o, an, b);
     }
-    kda_bf16* orow = p.out + t0 * p.so_t + (int64_t)h * p.so_h + v0 + vw;
+    kda_io* orow = p.out + t0 * p.so_t + (int64_t)h * p.so_h + v0 + vw;
 #pragma unroll
     for (int e = 0; e < KDA_C_ELEMS; ++e) {
       const int t = kda_oo_y(e);
-      if (t < L) orow[t * p.so_t + kda_oo_x(e)] = kda_f32_to_bf16(p.scale * (xq[0].x[e] + xq[1].x[e]) + o.x[e]);
+      if (t < L) orow[t * p.so_t + kda_oo_x(e)] = kda_f32_to_io(p.scale * (xq[0].x[e] + xq[1].x[e]) + o.x[e]);
     }
 
     // S = S diag(decay) + v_new^T kg
@@ -281,6 +260,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(WTHREADS, WALK_BLOCKS_PER_SM) void kda_walk_kern
 }
 #else
 constexpr int WTHREADS = 0;  // no walk on the FMA fallback (the plan then takes the Triton walk)
+constexpr int WBV = 0;
 struct WalkSmem { int unused; };
 #endif
 

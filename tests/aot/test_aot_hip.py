@@ -9,11 +9,14 @@ the kernels' HIP_THREADS-thread workgroups); on sm_90 the ptxas report (register
 per kernel. Skips with a reason when a compiler is missing.
 
 Each source is built twice: with its target's matrix layer (templates/hip/include/kda_mma.h; both
-kernels, prologue and recurrence, must then contain the matrix instruction (the group scan kernel is
-plain fp32 FMA by design, on every layer): v_mfma_f32_16x16x16_bf16 on gfx942,
-v_mfma_f32_16x16x32_bf16 on gfx950, mma.sync.aligned.m16n8k16.row.col.f32.bf16 in the sm_90 PTX and
-HMMA.16816.F32.BF16 in its SASS when a cuobjdump is found; per kernel in the PTX) and with -DKDA_MMA_LAYER=0 (the FMA fallback:
-no matrix instruction at all).
+kernels, kda_intra and kda_walk, must then contain the matrix instruction: v_mfma_f32_16x16x16_bf16 on gfx942,
+v_mfma_f32_16x16x32_bf16 on gfx950 (the walk takes the 16x16x16 one on both), mma.sync.aligned.m16n8k16.row.col.
+f32.bf16 in the sm_90 PTX and HMMA.16816.F32.BF16 in its SASS when a cuobjdump is found; per kernel in the PTX)
+and with -DKDA_MMA_LAYER=0 (the FMA fallback: no matrix instruction at all, and no walk).
+
+Every declared hip variant is built (the sources generated/ holds), and test_amd_head_dims renders head dims
+and dtypes the spec does not ship but kdagen.targets.hip_limits admits, for both AMD targets; each kernel's LDS
+is the figure hip_limits reads (hip_intra_lds / hip_walk_lds).
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from pathlib import Path
 import pytest
 
 from kdagen.amdgcn import budget_misses, read_kernels, waves_per_simd
-from kdagen.targets import HIP_THREADS, TARGETS
+from kdagen.render.context import hip_context
+from kdagen.render.env import make_env, render_template
+from kdagen.spec.model import VariantSpec
+from kdagen.targets import HIP_THREADS, TARGETS, hip_intra_lds, hip_limits, hip_walk_lds
 
 ROOT = Path(__file__).resolve().parents[2]
 HIP_DIR = ROOT / "generated" / "kdagen_kernels" / "hip"
@@ -61,7 +67,7 @@ def _target(src: Path) -> str:
     return src.stem.rsplit("__", 1)[1]
 
 
-KERNELS = ("prologue", "intra", "walk", "recurrence", "group_scan")
+KERNELS = ("intra", "walk")
 
 
 def _expected(layer: str) -> set[str]:
@@ -81,10 +87,38 @@ def test_every_hip_variant_has_sources():
     assert AMD and NV, f"no generated HIP sources under {HIP_DIR}"
 
 
+def _dims(src: Path) -> tuple[int, int]:
+    kv = src.stem.split("__")[3].split("_")  # k128_v256_c64
+    return int(kv[0][1:]), int(kv[1][1:])
+
+
 @pytest.mark.skipif(CLANG is None, reason="clang-22 not found (apt-get install clang-22 lld-22, or set KDAGEN_CLANG)")
 @pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("src", AMD, ids=lambda p: p.stem)
 def test_amd_compile(src, layer, tmp_path, capsys):
+    _amd_check(src, layer, tmp_path, capsys)
+
+
+# Off-spec combinations hip_limits admits on both AMD targets (K a multiple of 32, V of 16): the extremes, odd
+# per-thread column counts (K 96, V 48 and 80) and fp16.
+OFF_SPEC = [(32, 16, "bf16"), (96, 48, "fp16"), (160, 80, "bf16"), (64, 256, "fp16"), (128, 48, "bf16"),
+            (256, 256, "bf16"), (224, 128, "fp16")]
+
+
+@pytest.mark.skipif(CLANG is None, reason="clang-22 not found (apt-get install clang-22 lld-22, or set KDAGEN_CLANG)")
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+@pytest.mark.parametrize(("K", "V", "dtype"), OFF_SPEC, ids=str)
+def test_amd_head_dims(K, V, dtype, target, tmp_path, capsys):
+    if why := hip_limits(K, V, 64, dtype, target):
+        pytest.skip("; ".join(why))
+    v = VariantSpec(op="kda_chunk_fwd", label="off_spec", backend="hip", dtype=dtype, head_dim_k=K, head_dim_v=V,
+                    chunk_size=64, targets=(target,), tuning=(), spec_path="tests/aot/test_aot_hip.py", line=0)
+    src = tmp_path / f"{v.name}__{target}.hip"
+    src.write_text(render_template(make_env(ROOT), "hip/kda_chunk.hip.j2", hip_context(v, target, "// (test)"), "test"))
+    _amd_check(src, "mma", tmp_path, capsys)
+
+
+def _amd_check(src: Path, layer: str, tmp_path: Path, capsys) -> None:
     target = _target(src)
     asm = tmp_path / f"{src.stem}.s"
     cmd = [CLANG, "-x", "hip", f"--offload-arch={target}", "--cuda-device-only", "-nogpulib", "-nogpuinc",
@@ -95,9 +129,7 @@ def test_amd_compile(src, layer, tmp_path, capsys):
     kernels = read_kernels(asm.read_text())
     want = AMD_MFMA[target]
     for name, k in kernels.items():
-        if "group_scan" in name:  # fp32 on purpose: S_in[g] M_g + B_g composes states exactly in fp32
-            assert k.mfma == 0, f"{name}: unexpected MFMA"
-        elif layer == "mma":  # the prologue's and kda_intra's Akk/Aqk and w/u, the walks' products
+        if layer == "mma":  # kda_intra's Akk/Aqk and w/u, the walk's products
             w = AMD_MFMA_WALK if "walk" in name else want
             assert k.mfma_insns == {w}, f"{name}: {sorted(k.mfma_insns)}, not {w}, on {target}"
         else:
@@ -118,6 +150,9 @@ def test_amd_compile(src, layer, tmp_path, capsys):
         # Stricter than the Triton kernels' budget: no SGPR spills to VGPR lanes either.
         assert k.spills == 0, f"{name}: {k.vgpr_spills} VGPR and {k.sgpr_spills} SGPR spills on {target}"
         assert k.lds <= t.smem_per_block, f"{name}: {k.lds} B LDS > {t.smem_per_block} on {target}"
+        if layer == "mma":  # the LDS model kdagen.targets.hip_limits reads
+            K, V = _dims(src)
+            assert k.lds == (hip_walk_lds(K, V) if "walk" in name else hip_intra_lds(K, V, target)), name
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit or `pip install nvidia-cuda-nvcc`; or set KDAGEN_NVCC)")
@@ -139,13 +174,12 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
     ptx_text = ptx.read_text()
     n_ptx = ptx_text.count(PTX_MMA)
     assert (n_ptx > 0) == (layer == "mma"), f"{n_ptx} x {PTX_MMA} in the PTX with layer {layer}"
-    # Per entry: every kernel but the scan uses the layer (prologue and kda_intra Akk/Aqk and w/u, recurrence),
-    # or none does.
+    # Per entry: every kernel uses the layer (kda_intra's Akk/Aqk and w/u, the walk), or none does.
     entries = {m[1]: m[2] for m in re.finditer(r"\.entry\s+(\w+)\((.*?)(?=\.entry\s|\Z)", ptx_text, re.S)}
     ptx_per = {name: body.count(PTX_MMA) for name, body in entries.items()}
     assert {_short(n) for n in ptx_per} == _expected(layer), list(ptx_per)
     for name, cnt in ptx_per.items():
-        want_mma = layer == "mma" and "group_scan" not in name  # the scan is fp32 FMA on every layer
+        want_mma = layer == "mma"
         assert (cnt > 0) == want_mma, f"{name}: {cnt} x {PTX_MMA} in the PTX with layer {layer}"
     sass_note = ""
     dump = _cuobjdump()
@@ -166,10 +200,10 @@ def test_nvcc_compile(src, layer, tmp_path, capsys):
             print(f"\n  {src.stem.split('__')[-2]:14s} {short:10s} {target} {layer}: regs={regs} stack={stack} "
                   f"spill_stores={st} spill_loads={ld} "
                   f"ptx_mma={next((c for n, c in ptx_per.items() if n == name), '-')}"
-                  f"{sass_note if 'recurrence' in name else ''}", end="")
+                  f"{sass_note if 'walk' in name else ''}", end="")
     for name, stack, st, ld, regs in blocks:
         assert int(st) == 0 and int(ld) == 0, f"{name}: spills on {target}"
     # Dynamic shared memory on CUDA: the launcher sets the attribute to sizeof(the Smem struct).
     kernels = "".join(h.read_text() for h in sorted((HIP_DIR / "include").glob("*.h")))  # the kernels' headers
     structs = re.findall(r"struct (?:alignas\(\d+\) )?(\w+Smem) \{(.*?)\n\};", kernels, re.S)
-    assert {s for s, _ in structs} == {"PrologueSmem", "IntraSmem", "WalkSmem", "RecurrenceSmem", "ScanSmem"}
+    assert {s for s, _ in structs} == {"IntraSmem", "WalkSmem"}

@@ -42,7 +42,7 @@ constexpr int IITEMS = INTRA_ITEMS;
 // K a multiple of 32: a thread's K columns are whole bf16 pairs (q, k and g stay packed in 32-bit words) and
 // gfx950's MFMA reduces Aqk / Akk over 32 columns at a time. V a multiple of 16 (the u tiles).
 static_assert(BT % IR == 0 && THREADS % IR == 0 && K % (2 * ITPR) == 0 && V % ITPR == 0, "row layout");
-static_assert(K % KDA_MMA_K == 0 && IEK <= 16 && IEV <= 16, "row layout: K, V <= 256");
+static_assert(K % 32 == 0 && IEK <= 16 && IEV <= 16, "row layout: K a multiple of 32, K, V <= 256");
 static_assert(KDA_WARP % ITPR == 0, "a row's threads share one wave (the norms' shuffles)");
 constexpr int kda_pow2_floor(int x) { return x >= 2 ? 2 * kda_pow2_floor(x / 2) : 1; }
 // Threads per column in the cumulative sum (adjacent lanes), a power of two: every column in one pass
@@ -54,7 +54,6 @@ static_assert(V % 8 == 0, "v moves in runs of 8");
 static_assert(IR * IR <= THREADS, "FMA fallback: one thread per Aqk / Akk entry");
 
 #if KDA_MMA_LAYER == KDA_LAYER_FMA
-#define KDA_MMA_K 16
 constexpr int IKP = IR;
 #else
 // The T products' reduction runs over KDA_MMA_K rows (32 on gfx950): T's columns and the B tiles' rows past
@@ -90,12 +89,12 @@ struct alignas(16) IntraSmem {
 // Row-layout accesses are whole 8- or 16-byte runs (a thread's IEK or IEV consecutive elements), so that a
 // quarter wave touches one contiguous 128-byte span of LDS: no bank conflicts.
 template <int N>
-struct alignas(N >= 8 ? 16 : 2 * N) IntraRun { kda_bf16 x[N]; };
-template <int N>
 constexpr int IRUN = N % 8 == 0 ? 8 : N % 4 == 0 ? 4 : N % 2 == 0 ? 2 : 1;  // elements per access
+template <int N>
+struct alignas(2 * IRUN<N>) IntraRun { kda_bf16 x[N]; };
 
 template <int N>
-struct alignas(N >= 8 ? 16 : 2 * N) IntraWords { uint32_t w[N / 2]; };
+struct alignas(2 * IRUN<N>) IntraWords { uint32_t w[N / 2]; };
 // N I/O elements from global memory as N / 2 words (element 2i in the low half of word i), zeros when !valid: 8- or
 // 16-byte loads when `vec`, else one by one (strided projections). Words, not 16-bit lanes: the compiler then
 // neither splits nor merges halves, and a float costs one shift or mask (intra_f).

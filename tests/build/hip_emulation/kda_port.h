@@ -45,7 +45,6 @@ inline std::vector<std::unique_ptr<std::barrier<>>>* kda_emu_wave_barriers = nul
 inline float kda_emu_xchg[1024];
 inline void __syncthreads() { kda_emu_barrier->arrive_and_wait(); }
 inline float kda_exp2(float x) { return std::exp2(x); }
-inline float kda_log(float x) { return std::log(x); }
 inline float kda_sqrt(float x) { return std::sqrt(x); }
 inline float kda_exp(float x) { return std::exp2(x * 1.4426950408889634f); }
 inline uint32_t kda_f2u(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
@@ -66,6 +65,15 @@ inline kda_bf16 kda_f32_to_bf16(float f) {
   return (kda_bf16)(u >> 16);
 }
 inline float kda_fast_div(float a, float b) { return a / b; }
+// fp16 through the compiler's _Float16 (x86-64, GCC 12 and later): round to nearest even, as the targets convert.
+inline float kda_f16_to_f32(uint16_t x) { _Float16 h; std::memcpy(&h, &x, 2); return (float)h; }
+inline uint16_t kda_f32_to_f16(float f) { _Float16 h = (_Float16)f; uint16_t x; std::memcpy(&x, &h, 2); return x; }
+#ifndef KDA_IO_FP16
+#define KDA_IO_FP16 0
+#endif
+typedef uint16_t kda_io;
+inline float kda_io_to_f32(kda_io x) { return KDA_IO_FP16 ? kda_f16_to_f32(x) : kda_bf16_to_f32(x); }
+inline kda_io kda_f32_to_io(float f) { return KDA_IO_FP16 ? kda_f32_to_f16(f) : kda_f32_to_bf16(f); }
 inline uint32_t kda_f32x2_to_bf16x2(float lo, float hi) {
   return (uint32_t)kda_f32_to_bf16(lo) | ((uint32_t)kda_f32_to_bf16(hi) << 16);
 }
@@ -106,7 +114,7 @@ inline void kda_emu_launch(unsigned gx, unsigned gy, unsigned threads, const std
 }
 
 // The host runtime names of the generated launchers (include/kda_launch.h): the real extern "C"
-// kda_prologue_launch / kda_recurrence_launch run here, and each kernel launch runs its grid on the CPU.
+// kda_intra_launch / kda_walk_launch run here, and each kernel launch runs its grid on the CPU.
 struct dim3 {
   unsigned x, y, z;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -116,11 +124,6 @@ typedef int kdaError_t;
 #define kdaErrorInvalidValue 1
 inline kdaError_t kdaGetLastError() { return 0; }
 inline const char* kdaGetErrorString(kdaError_t e) { return e ? "invalid value (emulated)" : "no error"; }
-template <class Kernel>
-inline kdaError_t kdaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel, int, size_t) {
-  *blocks = 1;
-  return 0;
-}
 template <class Args>
 struct kda_emu_grid {
   void (*kernel)(Args);

@@ -20,21 +20,17 @@ FAKE = r"""
 extern "C" {
 int kda_abi_version(void) { return ABI; }
 const char* kda_target(void) { return TARGET; }
+const char* kda_variant(void) { return "fake"; }
 int kda_v_slice(void) { return 64; }
-int kda_recurrence_blocks_per_sm(void) { return 2; }
 int kda_head_dim_k(void) { return 128; }
 int kda_head_dim_v(void) { return 128; }
 int kda_chunk_size(void) { return 64; }
 const char* kda_error_string(int) { return "fake"; }
-int kda_prologue_smem_bytes(void) { return 1; }
-int kda_recurrence_smem_bytes(void) { return 1; }
 int kda_intra_smem_bytes(void) { return 1; }
 int kda_walk_smem_bytes(void) { return 1; }
 int kda_walk_threads(void) { return 256; }
-int kda_prologue_launch(void) { return 0; }
 int kda_intra_launch(void) { return 0; }
 int kda_walk_launch(void) { return 0; }
-int kda_recurrence_launch(void) { return 0; }
 }
 """
 
@@ -52,7 +48,6 @@ def _fake(tmp_path, target: str, abi: int = HIP_ABI):
 def test_matching_library_loads(tmp_path):
     lib = HipLibrary(_fake(tmp_path, "sm_90"), "fake", "sm_90")
     assert (lib.head_dim_k, lib.head_dim_v, lib.chunk_size, lib.v_slice) == (128, 128, 64, 64)
-    assert lib.recurrence_blocks_per_sm() == 2
 
 
 def test_library_built_for_another_target_is_refused(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kdagen.render import render_all
 from kdagen.render.context import HIP_INCLUDE_DIR, HIP_TEMPLATE
-from kdagen.kernels.hip import LAUNCHERS
+from kdagen.kernels.hip import LAUNCHERS, STRUCTS
 from kdagen.spec import load_specs
 from kdagen.targets import TARGETS
 
@@ -41,6 +41,10 @@ def test_one_source_per_variant_and_target_and_verbatim_headers():
             assert "__global__" not in text and len(text.splitlines()) < 250
             for abi in LAUNCHERS.values():  # the launchers' parameter lists are the declarations'
                 assert f"int {abi.name}(\n    {abi.c_params()}) {{" in text
+            for st in STRUCTS.values():  # and so are the kernels' argument structs (no copy in the headers)
+                assert f"struct {st.name} {{\n{st.c_body()}\n}};" in text
+            assert f'#define KDA_VARIANT_NAME "{v.name}"' in text
+            assert f"#define KDA_IO_FP16 {int(v.dtype == 'fp16')} " in text
     for header in (ROOT / "templates" / HIP_INCLUDE_DIR).iterdir():
         text = out[f"{HIP_INCLUDE_DIR}/{header.name}"]
         first, body = text.split("\n", 1)

@@ -86,8 +86,8 @@ struct alignas(16) IntraSmem {
   float beta[IR];
 };
 
-// Row-layout accesses are whole 8- or 16-byte runs (a thread's IEK or IEV consecutive elements), so that a
-// quarter wave touches one contiguous 128-byte span of LDS: no bank conflicts.
+// Row-layout accesses are whole runs of a thread's IEK or IEV consecutive elements, up to 16 bytes (8- or
+// 16-byte runs where K / 16 is a multiple of 4: a quarter wave then touches one contiguous 128-byte span of LDS).
 template <int N>
 constexpr int IRUN = N % 8 == 0 ? 8 : N % 4 == 0 ? 4 : N % 2 == 0 ? 2 : 1;  // elements per access
 template <int N>
@@ -121,7 +121,7 @@ __device__ __forceinline__ float intra_f(const IntraWords<N>& r, int e) {  // el
 #endif
 }
 template <int N>
-__device__ __forceinline__ void intra_store(kda_bf16* p, const float* x) {  // p 2N-byte aligned (LDS or global)
+__device__ __forceinline__ void intra_store(kda_bf16* p, const float* x) {  // p 2 IRUN<N>-byte aligned
 #pragma unroll
   for (int i = 0; i < N; i += IRUN<N>) {
     IntraWords<IRUN<N>> r;
@@ -131,7 +131,7 @@ __device__ __forceinline__ void intra_store(kda_bf16* p, const float* x) {  // p
   }
 }
 template <int N>
-__device__ __forceinline__ void intra_copy(kda_bf16* dst, const kda_bf16* src) {  // both 2N-byte aligned
+__device__ __forceinline__ void intra_copy(kda_bf16* dst, const kda_bf16* src) {  // both 2 IRUN<N>-byte aligned
 #pragma unroll
   for (int i = 0; i < N; i += IRUN<N>)
     *reinterpret_cast<IntraRun<IRUN<N>>*>(dst + i) = *reinterpret_cast<const IntraRun<IRUN<N>>*>(src + i);

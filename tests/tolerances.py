@@ -31,7 +31,9 @@ Key = tuple[str, str, str]
 INTERP = "worst over tests/interp and tests/e2e, triton 3.7.1 interpreter, torch 2.13 (2026-12-01, 1f94667)"
 EMULATED = "worst over tests/build/test_hip_emulated.py, all four layers (2026-12-01, commit 1f94667)"
 EMULATED_INTRA = "kda_intra_kernel's workspace (aqk the worst), tests/build/test_hip_emulated.py, all four layers (2026-12-02)"
-EMULATED_FP16 = "fp16 hip variants, tests/build/test_hip_emulated.py, all three matrix layers (2026-12-03)"
+EMULATED_HEADS = ("worst over tests/build/test_hip_emulated.py, every registry hip variant and test_head_dims' "
+                  "off-spec ones, all four layers (2026-12-03)")
+EMULATED_FP16 = "fp16 builds of tests/build/test_hip_emulated.py test_head_dims, three matrix layers (2026-12-03)"
 H200_GROUPS = "H200, tests/gpu group counts with a state cache (docs/perf-notes.md section 14, 2026-11-30)"
 H200_ADVERSARIAL = ("H200, Triton output on near-duplicate keys, beta 0.95 (perf-notes section 15 ablation base); "
                     "the final state is not recorded")
@@ -82,7 +84,7 @@ TOLERANCES: dict[Key, Tolerance] = {
     ("fused-gpu", "bf16", "vs_one_group"): Tolerance(1.1e-3, 4.5, "H200, final state at G = 2..32 vs G = 1 "
                                                                   "(2026-11-30, commit c137451)"),
     # ---- the HIP sources in the CPU emulation (tests/build) -----------------------------------------
-    ("hip-emulated", "bf16", "output"): Tolerance(3.5e-3, 2.5, EMULATED),
+    ("hip-emulated", "bf16", "output"): Tolerance(4.19e-3, 2.0, EMULATED_HEADS),  # (bound 8.4e-3, was 8.75e-3)
     ("hip-emulated", "bf16", "final_state"): Tolerance(2.9e-3, 2.5, EMULATED),
     ("hip-emulated", "bf16", "vs_one_group"): Tolerance(1.6e-3, 3.0, EMULATED),
     ("hip-emulated", "bf16", "vs_fma_layer"): Tolerance(2.9e-3, 2.5, EMULATED),
@@ -90,14 +92,13 @@ TOLERANCES: dict[Key, Tolerance] = {
                                                         "worst (2026-12-02)"),
     ("fused-gpu", "bf16", "intra_correlated"): Tolerance(4.15e-3, 2.5, "H200, tests/gpu/test_fused_intra.py, w "
                                                          "(2026-12-02)"),
-    ("hip-emulated", "bf16", "intra_workspace"): Tolerance(2.7e-3, 2.5, EMULATED_INTRA),
+    ("hip-emulated", "bf16", "intra_workspace"): Tolerance(3.28e-3, 2.0, EMULATED_HEADS),  # (bound 6.6e-3, was 6.75e-3)
     ("hip-emulated", "bf16", "intra_correlated"): Tolerance(3.87e-3, 2.5, EMULATED_INTRA),  # T21 zeroed: 0.15
-    # fp16 I/O (the workspace stays bf16): kimi_fp16 on the sm_90, gfx942 and gfx950
-    # layers, the worst of each (intra: the A_log up to 1e4 case, aqk).
-    ("hip-emulated", "fp16", "intra_workspace"): Tolerance(2.99e-3, 2.5, EMULATED_FP16),
-    ("hip-emulated", "fp16", "intra_correlated"): Tolerance(4.00e-3, 2.5, EMULATED_FP16),
-    ("hip-emulated", "fp16", "output"): Tolerance(3.77e-3, 2.5, EMULATED_FP16),
-    ("hip-emulated", "fp16", "final_state"): Tolerance(1.33e-3, 2.5, EMULATED_FP16),
+    # fp16 I/O (the workspace stays bf16): the fp16 head dims of test_head_dims on the three matrix layers (intra:
+    # aqk at K = V = 128; output at K = V = 128; state at K = 96, V = 48).
+    ("hip-emulated", "fp16", "intra_workspace"): Tolerance(3.03e-3, 2.5, EMULATED_FP16),
+    ("hip-emulated", "fp16", "output"): Tolerance(3.84e-3, 2.5, EMULATED_FP16),
+    ("hip-emulated", "fp16", "final_state"): Tolerance(1.03e-3, 2.5, EMULATED_FP16),
     # Max abs error of one 16 x 16 x 64 tile product against float64 (fp32 accumulation).
     ("hip-emulated", "bf16", "mma_tile_abs"): Tolerance(2.4e-6, 3.0, EMULATED),
 }

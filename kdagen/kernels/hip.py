@@ -18,7 +18,8 @@ from .schema import KernelABI, Param, c_decl, f32, i32, i64, ptr
 STREAM = Param("stream", "stream", doc="cudaStream_t / hipStream_t, null for the default stream")
 
 KDA_INTRA_LAUNCH = KernelABI("kda_intra_launch", (
-    ptr("q", "io"), ptr("k", "io"), ptr("v", "io"), ptr("g", "io"), ptr("beta", "io"),
+    ptr("q", "io"), ptr("k", "io"), ptr("v", "io"),
+    ptr("g", "io", doc="the raw gate, in the I/O dtype like q"), ptr("beta", "io", doc="raw beta, in the I/O dtype"),
     ptr("A_log", "fp32", doc="[H]; clamped to at most 80 before exp (kda_intra.h)"),
     ptr("g_bias", "fp32", doc="[H * K], or null"),
     ptr("cu_seqlens", "i32"), ptr("chunk_indices", "i32"),

@@ -6,8 +6,9 @@ Note [Kernel ABI]
     Triton kernels, kernels/hip.py for the fused path's extern "C" launchers). From that one declaration come:
     the Triton kernel's signature (the templates call `triton_params`), the positional launch arguments
     (`bind`, used by runtime/launch.py), the AOT signature dicts (`aot_signature`, kdagen/aot.py), the HIP
-    launchers' C parameter lists (`c_params`) and their ctypes argtypes (`ctypes_types`). Adding an argument
-    touches the declaration and the kernel body only; tests/unit/test_kernel_abi.py checks that every
+    launchers' C parameter lists (`c_params`) and ctypes argtypes (`ctypes_types`), and the HIP kernels' argument
+    structs (kernels/hip.py ArgStruct, through `c_decl`). Adding an argument touches the declaration and the
+    kernel body only; tests/unit/test_kernel_abi.py checks that every
     generated kernel's signature is its declaration's.
 
 Dependency-free (no torch, triton, Jinja): the generator and the runtime both import it.

@@ -28,8 +28,8 @@ struct IntraArgs {
   const kda_io_t* q;
   const kda_io_t* k;
   const kda_io_t* v;
-  const kda_io_t* g;
-  const kda_io_t* beta;
+  const kda_io_t* g;  // the raw gate, in the I/O dtype like q
+  const kda_io_t* beta;  // raw beta, in the I/O dtype
   const float* A_log;  // [H]; clamped to at most 80 before exp (kda_intra.h)
   const float* g_bias;  // [H * K], or null
   const int32_t* cu_seqlens;

@@ -22,9 +22,6 @@ class Target:
     triton_arch: str | int
     warp_size: int
     smem_per_block: int  # bytes a single block/workgroup may use
-    # Read only by kdagen/spec/load.py's older HIP rule (head dims multiples of it) until the loader calls
-    # hip_limits() below; no kernel uses it since the recurrence kernel it sized is gone.
-    hip_v_slice: int
     # The fused kernels' matrix layer (templates/hip/include/kda_mma.h KDA_MMA_LAYER: 0 FMA fallback,
     # 1 sm_90 mma.sync, 2 gfx942 MFMA, 3 gfx950 MFMA) and its instruction, for the generated comments.
     hip_mma_layer: int
@@ -100,20 +97,20 @@ def vendor_of(target: str) -> Literal["amd", "nvidia"]:
 TARGETS: dict[str, Target] = {
     "gfx942": Target(
         name="gfx942", vendor="amd", triton_backend="hip", triton_arch="gfx942", warp_size=64,
-        smem_per_block=64 * 1024, hip_v_slice=32, triton_fp32_dot="ieee",
+        smem_per_block=64 * 1024, triton_fp32_dot="ieee",
         hip_mma_layer=2, hip_mma_insn="v_mfma_f32_16x16x16_bf16, wave 64", hip_intra_items=1,
         lds_per_cu=64 * 1024, simds_per_cu=4, vgprs_per_simd_lane=512, max_waves_per_simd=8,
     ),
     "gfx950": Target(
         name="gfx950", vendor="amd", triton_backend="hip", triton_arch="gfx950", warp_size=64,
-        smem_per_block=160 * 1024, hip_v_slice=64, triton_fp32_dot="ieee",
+        smem_per_block=160 * 1024, triton_fp32_dot="ieee",
         hip_mma_layer=3, hip_mma_insn="v_mfma_f32_16x16x32_bf16, wave 64", hip_walk_prefetch=False,
         hip_intra_items=1, hip_mma_k=32,
         lds_per_cu=160 * 1024, simds_per_cu=4, vgprs_per_simd_lane=512, max_waves_per_simd=8,
     ),
     "sm_90": Target(
         name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
-        smem_per_block=227 * 1024, hip_v_slice=64, triton_fp32_dot="tf32x3", triton_refused=(_SM90_WGMMA_BV32,),
+        smem_per_block=227 * 1024, triton_fp32_dot="tf32x3", triton_refused=(_SM90_WGMMA_BV32,),
         hip_mma_layer=1, hip_mma_insn="mma.sync m16n8k16 bf16, warp 32",
     ),
 }
@@ -136,7 +133,6 @@ HIP_WALK_STAGES = 2  # kda_walk.h WALK_STAGES
 # reduces Aqk / Akk over 32 columns); V: a multiple of 16 (the u and state tiles). Both at most 256 (a thread's
 # row-layout share, K / 16 and V / 16 columns, is at most 16).
 HIP_K_MULTIPLE, HIP_V_MULTIPLE, HIP_MAX_HEAD_DIM = 32, 16, 256
-HIP_COLUMN_TILE = 32  # read only by kdagen/spec/load.py's older rule (see Target.hip_v_slice)
 HIP_ABI = 5  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
 
 

@@ -113,7 +113,7 @@ def run_intra(lib: HipLibrary, ws: dict[str, torch.Tensor], *, q: torch.Tensor, 
 class HipIntraLaunch:
     """kda_intra_kernel as a plan's chunk stage: called with the run's values (run_values.RUN_ORDER), it writes
     the plan's workspace views `ws`, which the walk then reads. cu_seqlens and chunk_indices are the plan's
-    int32 copies; a call converts only what the kernel takes in another dtype (raw_g and raw_beta to bf16,
+    int32 copies; a call converts only what the kernel takes in another dtype (raw_g and raw_beta to the I/O dtype,
     A_log and g_bias to fp32) and launches."""
 
     __slots__ = ("lib", "ws", "cu", "ci", "lower_bound", "has_bias", "H", "_static")
@@ -131,10 +131,11 @@ class HipIntraLaunch:
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
         q, k, v, raw_g, raw_beta, A_log, g_bias, scale = self._VALUES(values)
-        if raw_g.dtype != torch.bfloat16:
-            raw_g = raw_g.to(torch.bfloat16)  # NOTE: the kernel reads bf16 gates, as the fused path always has
-        if raw_beta.dtype != torch.bfloat16:
-            raw_beta = raw_beta.to(torch.bfloat16)
+        # The kernel reads the gate and beta projections in its I/O dtype (q's: the variant's dtype).
+        if raw_g.dtype != q.dtype:
+            raw_g = raw_g.to(q.dtype)
+        if raw_beta.dtype != q.dtype:
+            raw_beta = raw_beta.to(q.dtype)
         A_log = A_log.to(torch.float32).contiguous()
         g_bias = g_bias.to(torch.float32).contiguous() if self.has_bias else None
         self.lib.intra(dict(

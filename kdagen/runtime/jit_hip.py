@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kdagen
-from kdagen.kernels.hip import (KDA_INTRA_LAUNCH, KDA_PROLOGUE_LAUNCH, KDA_RECURRENCE_LAUNCH, KDA_WALK_LAUNCH,
-                               QUERIES)
+from kdagen.kernels.hip import KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH, QUERIES
 from kdagen.targets import HIP_ABI, vendor_of
 
 from . import cache
@@ -247,7 +246,7 @@ class HipLibrary:
                 f"cache entry ({Path(path).parent}) or set KDAGEN_TARGET to the device's real target")
         lib.kda_error_string.restype = ctypes.c_char_p
         lib.kda_error_string.argtypes = [ctypes.c_int]
-        for abi in (KDA_PROLOGUE_LAUNCH, KDA_INTRA_LAUNCH, KDA_RECURRENCE_LAUNCH, KDA_WALK_LAUNCH):
+        for abi in (KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH):
             fn = getattr(lib, abi.name)
             fn.argtypes = abi.ctypes_types()
             fn.restype = ctypes.c_int
@@ -257,25 +256,11 @@ class HipLibrary:
         self.v_slice = lib.kda_v_slice()
         # kda_walk_kernel's workgroup size; 0 where the library has no walk (the FMA fallback).
         self.walk_threads = lib.kda_walk_threads()
-        self._blocks_per_sm: int | None = None
-
-    def recurrence_blocks_per_sm(self) -> int:
-        """Resident recurrence blocks per SM/CU (the runtime's occupancy query; needs the device)."""
-        if self._blocks_per_sm is None:
-            r = self._lib.kda_recurrence_blocks_per_sm()
-            if r < 0:
-                self.check(-r, "occupancy query")
-            self._blocks_per_sm = max(r, 1)
-        return self._blocks_per_sm
 
     def check(self, code: int, what: str) -> None:
         if code != 0:
             msg = self._lib.kda_error_string(code).decode(errors="replace")
             raise RuntimeError(f"kdagen: {what} launch of {self.name} ({self.target}) failed: {msg} (code {code})")
-
-    def prologue(self, args: Mapping[str, object]) -> None:
-        """kda_prologue_launch with its arguments by name (kdagen/kernels/hip.py)."""
-        self.check(self._lib.kda_prologue_launch(*KDA_PROLOGUE_LAUNCH.bind(args)), "prologue")
 
     def intra(self, args: Mapping[str, object]) -> None:
         """kda_intra_launch with its arguments by name: the workspace on 16-row walk chunks."""
@@ -285,14 +270,9 @@ class HipLibrary:
         """kda_walk_launch with its arguments by name: the plain walk on kda_intra_launch's workspace."""
         self.check(self._lib.kda_walk_launch(*KDA_WALK_LAUNCH.bind(args)), "walk")
 
-    def recurrence(self, args: Mapping[str, object]) -> None:
-        """kda_recurrence_launch with its arguments by name (kdagen/kernels/hip.py)."""
-        self.check(self._lib.kda_recurrence_launch(*KDA_RECURRENCE_LAUNCH.bind(args)), "recurrence")
-
-    def smem_bytes(self) -> tuple[int, int, int, int]:
-        """Shared memory per block of the prologue, the recurrence, kda_intra and the walk."""
-        return (self._lib.kda_prologue_smem_bytes(), self._lib.kda_recurrence_smem_bytes(),
-                self._lib.kda_intra_smem_bytes(), self._lib.kda_walk_smem_bytes())
+    def smem_bytes(self) -> tuple[int, int]:
+        """Shared memory per block of kda_intra_kernel and kda_walk_kernel."""
+        return self._lib.kda_intra_smem_bytes(), self._lib.kda_walk_smem_bytes()
 
 
 _loaded: dict[tuple[str, str], HipLibrary] = {}

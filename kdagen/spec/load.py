@@ -14,8 +14,8 @@ from kdagen.spec.errors import SpecError, format_error
 from kdagen.launch_knobs import DENSE_KNOBS, dense_tuning
 from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
 from kdagen.targets import (
-    BACKENDS, CHUNK_SIZES, DTYPES, HIP_CHUNK_SIZE, HIP_COLUMN_TILE, HIP_DTYPES, HIP_THREADS, MAX_HEAD_DIM, MIN_HEAD_DIM,
-    SUB_CHUNK, TARGETS, estimate_triton_smem,
+    BACKENDS, CHUNK_SIZES, DTYPES, MAX_HEAD_DIM, MIN_HEAD_DIM,
+    SUB_CHUNK, TARGETS, estimate_triton_smem, hip_limits,
 )
 from kdagen.spec.fields import int_value, names, one_of, take
 from kdagen.spec.tuning import Overlay, parse_tuning, resolve_tuning
@@ -221,23 +221,12 @@ def _parse_variant(item: YMap, where: str, op: str | None, rel: str, file_tuning
 
 def _check_hip(where: str, line: int, k: int, v: int, chunk: int, dtype: str, targets: tuple[str, ...],
                report: Report) -> bool:
-    """What the fused HIP templates (templates/hip/) support; False (with errors reported) otherwise."""
-    why = []
-    if dtype not in HIP_DTYPES:
-        why.append(f"dtype {dtype} (supported: {', '.join(HIP_DTYPES)})")
-    if chunk != HIP_CHUNK_SIZE:
-        why.append(f"chunk_size {chunk} (supported: {HIP_CHUNK_SIZE})")
-    for name, dim in (("head_dim_k", k), ("head_dim_v", v)):
-        if dim % HIP_COLUMN_TILE:
-            why.append(f"{name} {dim} (must be a multiple of {HIP_COLUMN_TILE})")
-        for t in targets:  # the recurrence's V slices also tile the K transfer rows of the group scan
-            sl = TARGETS[t].hip_v_slice if t in TARGETS else 1
-            if dim % sl:
-                why.append(f"{name} {dim} on {t} (must be a multiple of its V slice, {sl})")
-    if HIP_THREADS % k:
-        why.append(f"head_dim_k {k} (must divide {HIP_THREADS}: the group scan maps threads to K columns)")
+    """What the fused HIP kernels (templates/hip/) can take on each target (kdagen.targets.hip_limits names the
+    limit and by how much); False, with one error per limit, otherwise."""
+    why = list(dict.fromkeys(w for t in targets for w in hip_limits(k, v, chunk, dtype, t)))
     for w in why:
-        report(line, join(where, "backends"), f"the hip backend does not support {w}; drop hip from backends")
+        report(line, join(where, "backends"), f"the hip backend cannot take this variant: {w}; drop hip from "
+                                              "backends or drop that target")
     return not why
 
 

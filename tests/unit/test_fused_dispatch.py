@@ -100,13 +100,13 @@ def _last_plan(registry):
 
 
 def test_registry_lists_the_hip_variants_with_their_targets():
-    hip = {(e.head_dim_k, e.head_dim_v): e for e in kdagen_kernels.VARIANTS if e.backend == "hip"}
-    assert set(hip) == {(128, 128), (128, 256)}
+    hip = {(e.head_dim_k, e.head_dim_v, e.dtype): e for e in kdagen_kernels.VARIANTS if e.backend == "hip"}
+    assert set(hip) == {(128, 128, "bf16"), (64, 64, "bf16"), (128, 256, "bf16"), (128, 128, "fp16")}
     for e in hip.values():
-        assert (e.dtype, e.chunk_size, e.targets) == ("bf16", 64, ("gfx942", "gfx950", "sm_90"))
-        assert e.name == fused_path.variant_name(e.head_dim_k, e.head_dim_v)
+        assert (e.chunk_size, e.targets) == (64, ("gfx942", "gfx950", "sm_90"))
+        assert e.name == fused_path.variant_name(e.head_dim_k, e.head_dim_v, e.dtype)
         for t in e.targets:  # the source load_fused builds is there
-            assert fused_path.source_path(PACKAGE_DIR, e.head_dim_k, e.head_dim_v, t).is_file()
+            assert fused_path.source_path(PACKAGE_DIR, e.head_dim_k, e.head_dim_v, t, e.dtype).is_file()
 
 
 def test_a_hip_entry_loads_through_load_fused(monkeypatch):
@@ -141,8 +141,8 @@ def test_fused_when_every_precondition_holds():
     ({"g_bias_given": False}, "no g_bias"),
     ({"target": None}, "no GPU target (CPU tensors or the Triton interpreter)"),
     ({"target": "gfx90a"}, "no generated hip variant for K=128, V=128, dtype=bf16, chunk 64 on gfx90a"),
-    ({"dtype": torch.float16}, "no generated hip variant for K=128, V=128, dtype=fp16, chunk 64 on sm_90"),
-    ({"head_dim_k": 64, "head_dim_v": 64}, "no generated hip variant for K=64, V=64, dtype=bf16"),
+    ({"dtype": torch.float32}, "no generated hip variant for K=128, V=128, dtype="),
+    ({"head_dim_k": 96, "head_dim_v": 96}, "no generated hip variant for K=96, V=96, dtype=bf16"),
 ], ids=lambda x: None)
 def test_triton_when_one_precondition_fails(change, why):
     d = dispatch.decide_fused(kdagen_kernels.VARIANTS, **dict(ALL_HOLD, **change))
@@ -180,8 +180,10 @@ def fake_gpu(monkeypatch, set_interpreting):
 def test_can_use_fused_answers_from_registry_and_device(fake_gpu, monkeypatch):
     assert kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
     assert kdagen_kernels.can_use_fused_kda_chunk(128, 256, torch.bfloat16, 64)
-    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.float16, 64)  # no fp16 hip variant
-    assert not kdagen_kernels.can_use_fused_kda_chunk(64, 64, torch.bfloat16, 64)
+    assert kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.float16, 64)
+    assert kdagen_kernels.can_use_fused_kda_chunk(64, 64, torch.bfloat16, 64)
+    assert not kdagen_kernels.can_use_fused_kda_chunk(64, 64, torch.float16, 64)  # no fp16 hip variant at 64
+    assert not kdagen_kernels.can_use_fused_kda_chunk(96, 96, torch.bfloat16, 64)
     assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 32)
     monkeypatch.setattr(fused_choice, "target_of", lambda device: "gfx90a")  # a target no variant declares
     assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import kdagen_kernels
 from kdagen.bench import shape_inputs
-from kdagen.runtime import fused_path
 
 SHAPES = [(12, 4096, 1), (12, 65536, 1), (96, 16384, 16)]
-PKG = Path(kdagen_kernels.__file__).resolve().parent
 ITERS = 5
 
 
@@ -41,18 +38,13 @@ def kernel_times(fn) -> dict[str, float]:
 
 def main() -> None:
     shapes = [tuple(int(x) for x in a.split(":")) for a in sys.argv[1:]] or SHAPES
-    lib = fused_path.load_fused(PKG, 128, 128, "sm_90")
     for H, T, N in shapes:
         args, ci, co = shape_inputs(H, T, N)
         out = torch.empty_like(args["v"])
-        final = torch.empty(N, H, 128, 128, device="cuda")
 
-        def fused() -> None:
-            fused_path.run_fused(lib, q=args["q"], k=args["k"], v=args["v"], raw_g=args["raw_g"],
-                                 raw_beta=args["raw_beta"], A_log=args["A_log"], g_bias=args["g_bias"],
-                                 scale=128 ** -0.5, lower_bound=-5.0, cu_seqlens=args["cu_seqlens"],
-                                 chunk_indices=ci, chunk_offsets=co, out=out,
-                                 initial_state=args["initial_state"], final_state=final)
+        def fused() -> None:  # the plan's fused pipeline (describe() of a plan says which stages)
+            kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out,
+                                             use_fused_chunk=True)
 
         def triton() -> None:
             kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out)
@@ -63,7 +55,6 @@ def main() -> None:
             print(f"H={H} T={T} N={N} {name}: {total:.3f} ms of kernels per call")
             for k, ms in sorted(times.items(), key=lambda kv: -kv[1]):
                 print(f"    {ms:8.3f} ms  {k}")
-        del args, out, final
         torch.cuda.empty_cache()
 
 

@@ -179,7 +179,7 @@ class KdaPrefillPlan:
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One layer: writes and returns the output ([B, T, H, V], `out` itself when given) and the final
         state when the plan asked for it (None with a state cache, whose rows are updated in place)."""
-        b, p = self.batch, self.problem
+        p = self.problem
         if scale is None:
             scale = p.K ** -0.5
         strides = self._fast_ok(q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,

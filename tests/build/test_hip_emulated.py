@@ -3,7 +3,7 @@
 test-only port header (tests/build/hip_emulation/: one std::thread per GPU thread, std::barrier for
 __syncthreads and per wave), and the results are compared with the float64 reference. This checks
 indexing, masking, state modes and checkpoint semantics of the kernel code, not GPU-specific behaviour
-(the H200 does that: tools/h200_fused_check.py).
+(the H200 does that: tests/gpu).
 
 Every hip variant of the registry (kdagen_kernels.VARIANTS, generated/kdagen_kernels/_registry.py) runs on every matrix layer of
 templates/hip/include/kda_mma.h (-DKDA_MMA_LAYER) whose target it declares: `fma` (the fallback, sm_90

@@ -98,7 +98,10 @@ TOLERANCES: dict[Key, Tolerance] = {
     # aqk at K = V = 128; output at K = V = 128; state at K = 96, V = 48).
     ("hip-emulated", "fp16", "intra_workspace"): Tolerance(3.03e-3, 2.5, EMULATED_FP16),
     ("hip-emulated", "fp16", "output"): Tolerance(3.84e-3, 2.5, EMULATED_FP16),
-    ("hip-emulated", "fp16", "final_state"): Tolerance(1.03e-3, 2.5, EMULATED_FP16),
+    ("hip-emulated", "fp16", "final_state"): Tolerance(2.64e-3, 2.5, EMULATED_FP16 + "; the shipped fp16 K = V = 128 "
+                                                       "variant's cache row, every layer"),
+    ("hip-emulated", "fp16", "intra_correlated"): Tolerance(4.0e-3, 2.5, EMULATED_FP16 + "; the shipped fp16 "
+                                                            "K = V = 128 variant, w the worst, every layer"),
     # Max abs error of one 16 x 16 x 64 tile product against float64 (fp32 accumulation).
     ("hip-emulated", "bf16", "mma_tile_abs"): Tolerance(2.4e-6, 3.0, EMULATED),
 }

@@ -16,11 +16,12 @@ RCP_LN2 = tl.constexpr(1.4426950408889634)
 # taken at most exp(40) = 2.4e17, where sigmoid(a z) is already exactly 0 or 1 in fp32 for every |z| >= 1e-16
 # and the folded products z a / ln 2, bias a / ln 2 stay finite for |z|, |bias| < 1e21.
 A_LOG_MAX = tl.constexpr(40.0)
-# Softplus gate: -g is taken at most G_MAX = 128 per token: exp(-128) = 2.6e-56 is below fp32's smallest
-# number, so the reference's decay (smaller still) is 0 as well, and a chunk's cumulative gate, at most
-# 64 * 128 / ln 2, keeps fp32 steps below 0.001.
-LN_G_MAX = tl.constexpr(4.852030263919617)
-
+# Softplus gate: a is two finite factors, exp(min(A_log, 88)) and exp(clamp(A_log - 88, 0, 88)), and -g is
+# taken at most G_MAX = 128 per token: exp(-128) = 2.6e-56 is below fp32's smallest number, so the
+# reference's decay (smaller still) is 0 as well, and a chunk's cumulative gate, at most 64 * 128 / ln 2,
+# keeps fp32 steps below 0.001.
+A_LOG_SPLIT = tl.constexpr(88.0)
+G_MAX = tl.constexpr(128.0)
 
 @triton.jit
 def to_io(x, IO: tl.constexpr, DOT_F32: tl.constexpr):
@@ -84,34 +85,35 @@ def fast_sigmoid(x, DOT_F32: tl.constexpr):
 
 @triton.jit
 def gate_a(A_log, i_h, LOWER_BOUND: tl.constexpr):
-    # What the gates take of A_log[h]: a = exp(min(A_log, A_LOG_MAX)) for the bounded gate, A_log itself for
-    # the softplus one (its decay is formed in log space). exp(A_log) is inf in fp32 from 88.7 on, and inf
-    # times a masked row's 0 is NaN (docs/reference.md, "Gate saturation").
+    # a = exp(A_log[h]) as the gates take it, a pair (a, a_x) with a * a_x = exp(A_log) below the bounds: the
+    # bounded gate reads a = exp(min(A_log, A_LOG_MAX)) only; the softplus one multiplies by both factors.
+    # exp(A_log) itself is inf in fp32 from 88.7 on, and inf times a masked row's 0 is NaN.
     log_a = tl.load(A_log + i_h).to(tl.float32)
     if LOWER_BOUND:
-        return tl.exp(tl.minimum(log_a, A_LOG_MAX))
+        a = tl.exp(tl.minimum(log_a, A_LOG_MAX))
+        return a, a
     else:
-        return log_a
+        return (tl.exp(tl.minimum(log_a, A_LOG_SPLIT)),
+                tl.exp(tl.minimum(tl.maximum(log_a - A_LOG_SPLIT, 0.0), A_LOG_SPLIT)))
 
 
 @triton.jit
-def softplus_gate(z, log_a):
-    # Log-space decay g = -a softplus(z) <= 0 of the unbounded gate (the bounded one is folded into
-    # chunk_gate), z the biased raw gate and log_a = A_log[h]: -exp(min(A_log + ln softplus(z), ln G_MAX)),
-    # so no product overflows whatever A_log is. Below z = -5, ln softplus(z) = z + ln(log1p(e) / e), e = exp(z),
-    # is z - e/2 + 5e^2/24 (error < 1e-7; log(1 + e) would round e away), else ln(max(z, 0) + log(1 + e)).
-    # G_MAX: a decay of exp(-G_MAX) per token is already 0 in fp32, as the reference's smaller one.
+def softplus_gate(z, a, a_x):
+    # Log-space decay g = -a a_x softplus(z) <= 0 of the unbounded gate (the bounded one is folded into
+    # chunk_gate), z the biased raw gate, taken at most G_MAX: a product that overflows is inf, then G_MAX.
+    # softplus(z) = max(z, 0) + log1p(exp(-|z|)); below z = -5, log1p(e) = e (1 - e/2 + e^2/3) to 1e-7 relative,
+    # where log(1 + e) would round e away (it matters once a is large).
     b_e = tl.exp(-tl.abs(z))
-    ln_sp = tl.where(z < -5.0, z - b_e * (0.5 - b_e * 0.20833333333333334),
-                     tl.log(tl.maximum(z, 0.0) + tl.log(1.0 + b_e)))
-    return -tl.exp(tl.minimum(log_a + ln_sp, LN_G_MAX))
+    b_sp = tl.where(z < -5.0, b_e * (1.0 - b_e * (0.5 - b_e * 0.3333333333333333)),
+                    tl.maximum(z, 0.0) + tl.log(1.0 + b_e))
+    return -tl.minimum(b_sp * a_x * a, G_MAX)
 
 
 @triton.jit
-def chunk_gate(raw_g, tok, n_valid, i_h, sg_t, sg_h, o_r, o_k, m_k, b_bias, a_h, lower_bound,
+def chunk_gate(raw_g, tok, n_valid, i_h, sg_t, sg_h, o_r, o_k, m_k, b_bias, a_h, a_x, lower_bound,
                LOWER_BOUND: tl.constexpr):
     # log2 decay of one block of rows; rows past the sequence end get 0, so the cumulative G stays
-    # at the last valid row's value there. a_h: gate_a's value.
+    # at the last valid row's value there. a_h, a_x: gate_a's pair.
     mask = (o_r < n_valid)[:, None] & m_k[None, :]
     b_z = tl.load(raw_g + tok[:, None] * sg_t + i_h * sg_h + o_k[None, :], mask=mask, other=0.0)
     if LOWER_BOUND:
@@ -122,7 +124,7 @@ def chunk_gate(raw_g, tok, n_valid, i_h, sg_t, sg_h, o_r, o_k, m_k, b_bias, a_h,
         b_e = tl.exp2(b_z.to(tl.float32) * c + (b_bias * c)[None, :])
         return tl.where(mask, (lower_bound * RCP_LN2) / (1.0 + b_e), 0.0)
     b_z = b_z.to(tl.float32) + b_bias[None, :]
-    return tl.where(mask, softplus_gate(b_z, a_h), 0.0) * RCP_LN2
+    return tl.where(mask, softplus_gate(b_z, a_h, a_x), 0.0) * RCP_LN2
 
 
 @triton.jit

@@ -41,10 +41,10 @@ def intra(q, k, v, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
     mk = m_t[:, None] & m_k[None, :]
     tok = t0 + o_t
     ws = tok * H + i_h
-    a_h = gate_a(A_log, i_h, True)
+    a_h, a_x = gate_a(A_log, i_h, True)
     b_bias = bias_row(g_bias, i_h, o_k, m_k, K, HAS_BIAS)
-    b_G = tl.cumsum(chunk_gate(raw_g, tok, L, i_h, sg_t, sg_h, o_t, o_k, m_k, b_bias, a_h, lower_bound, True),
-                    axis=0)
+    b_G = tl.cumsum(chunk_gate(raw_g, tok, L, i_h, sg_t, sg_h, o_t, o_k, m_k, b_bias, a_h, a_x, lower_bound,
+                               True), axis=0)
     # G is non-increasing and rows past the end add 0, so the column minimum is G at the last valid row.
     b_last = tl.min(b_G, axis=0)
     tl.store(decay_ws + (i_s * H + i_h) * BK + o_k, tl.exp2(b_last), mask=(o_k >= 0) & (L > 0))

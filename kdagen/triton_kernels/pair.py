@@ -87,7 +87,7 @@ def prologue(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices, aq
     diag_incl = o_r[:, None] >= o_r[None, :]
     diag_strict = o_r[:, None] > o_r[None, :]
     eye = (o_r[:, None] == o_r[None, :]).to(tl.float32)
-    a_h = gate_a(A_log, i_h, LOWER_BOUND)
+    a_h, a_x = gate_a(A_log, i_h, LOWER_BOUND)
     # Per sub-block i: its valid rows, tokens, workspace rows, beta and the running row norms.
     m_ = ()
     tok_ = ()
@@ -130,7 +130,7 @@ def prologue(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices, aq
         for i in tl.static_range(NB):
             # sub-block i: chunk rows i * BC .. i * BC + BC - 1
             b_G = b_carry[None, :] + tl.cumsum(chunk_gate(raw_g, tok_[i], L - i * BC, i_h, sg_t, sg_h, o_r, o_k,
-                                                          m_k, b_bias, a_h, lower_bound, LOWER_BOUND), axis=0)
+                                                          m_k, b_bias, a_h, a_x, lower_bound, LOWER_BOUND), axis=0)
             # G is non-increasing down the rows, so its column minimum is the sub-block's last row.
             b_E = tl.min(b_G, axis=0)
             mk = m_[i][:, None] & m_k[None, :]
@@ -238,7 +238,7 @@ def wu(q, k, v, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices, tinv_
     m_t = o_t < L
     tok = t0 + o_t
     ws = tok * H + i_h
-    a_h = gate_a(A_log, i_h, LOWER_BOUND)
+    a_h, a_x = gate_a(A_log, i_h, LOWER_BOUND)
     b_beta = tl.load(raw_beta + tok * sb_t + i_h * sb_h, mask=m_t, other=0.0).to(tl.float32)
     b_beta = tl.where(m_t, tl.sigmoid(b_beta), 0.0)
     b_rk = tl.load(rnorm_ws + ws * 2, mask=m_t, other=0.0)
@@ -255,7 +255,7 @@ def wu(q, k, v, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices, tinv_
         b_bias = bias_row(g_bias, i_h, o_k, m_k, K, HAS_BIAS)
         # The same gates as kda_prologue, summed over the whole chunk at once: G differs from the
         # sub-block sums there by fp32 rounding only, far below the workspace's bf16/fp16 step.
-        b_G = tl.cumsum(chunk_gate(raw_g, tok, L, i_h, sg_t, sg_h, o_t, o_k, m_k, b_bias, a_h, lower_bound,
+        b_G = tl.cumsum(chunk_gate(raw_g, tok, L, i_h, sg_t, sg_h, o_t, o_k, m_k, b_bias, a_h, a_x, lower_bound,
                                    LOWER_BOUND), axis=0)
         # G is non-increasing and rows past the end add 0, so the column minimum is G at the last valid row.
         b_last = tl.min(b_G, axis=0)

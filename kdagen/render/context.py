@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kdagen
@@ -26,6 +26,12 @@ from kdagen.targets import (
 VARIANT_TEMPLATES: dict[str, tuple[str, str]] = {
     "triton": ("triton/kda_chunk.py.j2", "triton/{name}.py"),
 }
+
+# The hand-written device code the Triton variant modules import (this kdagen's own, as for the kernel
+# declarations in kdagen/kernels/): their stamps cover its files, so an edit there changes every Triton
+# variant's stamp and shows in the manifest, named "kdagen/triton_kernels/<file>". Triton's own cache key
+# covers it too: a wrapper's key hashes the source of every @triton.jit function it calls.
+TRITON_DEVICE_DIR = Path(kdagen.__file__).resolve().parent / "triton_kernels"
 
 # The fused HIP backend renders one source per (variant, target): (template, output pattern with {name}
 # and {target}). Its headers in templates/hip/include/ are not rendered: they are copied verbatim (behind
@@ -58,21 +64,25 @@ class RenderJob:
     specs: tuple[str, ...]  # spec paths relative to the root, for messages
     inputs: tuple[str, ...] = ()  # every template file the stamp covers (the template first), for the manifest
     digest: str = ""  # the stamp's hash
+    sources: tuple[str, ...] = ()  # hand-written files (relative to the root) the stamp covers too
 
 
 def _part(h: Any, tag: str, data: bytes) -> None:
     h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
 
 
-def stamp_digest(root: Path, templates: Sequence[str], entries: Any) -> str:
-    """sha256 (12 hex digits) over the template files' names and bytes and the canonical JSON of the
-    spec entries a file is rendered from: nothing else, so an edit elsewhere in a spec leaves it alone."""
+def stamp_digest(root: Path, templates: Sequence[str], entries: Any, sources: Sequence[str] = ()) -> str:
+    """sha256 (12 hex digits) over the template files' names and bytes, those of the hand-written `sources`
+    the file's code calls, and the canonical JSON of the spec entries a file is rendered from: nothing else,
+    so an edit elsewhere in a spec leaves it alone."""
     h = hashlib.sha256()
     for template in templates:
         path = Path(root) / "templates" / template
         if not path.is_file():
             raise RenderError(f"templates/{template}: template not found")
         _part(h, "template:" + template, path.read_bytes())
+    for source in sources:
+        _part(h, "source:" + source, source_bytes(source))
     _part(h, "spec", json.dumps(entries, sort_keys=True, separators=(",", ":")).encode())
     return h.hexdigest()[:12]
 
@@ -96,6 +106,16 @@ def includes_of(root: Path, template: str) -> list[str]:
                 seen.add(name)
                 todo.append(inc / name)
     return sorted(f"{HIP_INCLUDE_DIR}/{name}" for name in seen)
+
+
+def device_sources() -> list[str]:
+    """The files of TRITON_DEVICE_DIR by their names in the manifest, sorted."""
+    return sorted(f"kdagen/triton_kernels/{p.name}" for p in TRITON_DEVICE_DIR.glob("*.py"))
+
+
+def source_bytes(source: str) -> bytes:
+    """The bytes of a device_sources() file."""
+    return (TRITON_DEVICE_DIR / PurePosixPath(source).name).read_bytes()
 
 
 def variant_entry(v: VariantSpec, target: str | None = None, tuning: bool = True) -> dict[str, Any]:
@@ -188,16 +208,18 @@ def plan(root: Path, specs: Sequence[OpSpec]) -> list[RenderJob]:
     jobs = []
 
     def add(template: str, output: str, inputs: Sequence[str], spec_refs: Sequence[str], entries: Any,
-            context: Callable[[str], dict[str, Any]], spec_paths: tuple[str, ...], comment: str = "#") -> None:
-        digest = stamp_digest(root, inputs, entries)
+            context: Callable[[str], dict[str, Any]], spec_paths: tuple[str, ...], comment: str = "#",
+            sources: Sequence[str] = ()) -> None:
+        digest = stamp_digest(root, inputs, entries, sources)
         stamp = make_stamp(inputs[0], spec_refs, digest, comment)
-        jobs.append(RenderJob(template, output, context(stamp), spec_paths, tuple(inputs), digest))
+        jobs.append(RenderJob(template, output, context(stamp), spec_paths, tuple(inputs), digest, tuple(sources)))
 
     for template, output in PACKAGE_TEMPLATES:
         entries = _package_entries(output, specs)
         add(template, output, [template], all_paths if entries is not None else (), entries,
             lambda stamp: package_context(specs, stamp), all_paths)
     every = sorted((v for s in specs for v in s.variants), key=lambda v: v.name)
+    device = device_sources()
     hip = [v for v in every if v.backend == "hip"]
     if hip:
         for header in hip_includes(root):
@@ -217,5 +239,5 @@ def plan(root: Path, specs: Sequence[OpSpec]) -> list[RenderJob]:
             continue
         template, pattern = VARIANT_TEMPLATES[v.backend]
         add(template, pattern.format(name=v.name), [template], (f"{v.spec_path}:{v.label}",), variant_entry(v),
-            lambda stamp, v=v: variant_context(v, stamp), (v.spec_path,))
+            lambda stamp, v=v: variant_context(v, stamp), (v.spec_path,), sources=device)
     return jobs

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import kdagen
-from kdagen.render.context import RenderJob, plan
+from kdagen.render.context import RenderJob, plan, source_bytes
 from kdagen.render.env import RenderError, loaded_templates, make_env, render_template
 from kdagen.spec.load import load_specs
 from kdagen.spec.model import OpSpec
@@ -133,14 +133,17 @@ def _build(root: Path) -> FileManager:
 def _manifest(root: Path, specs: Sequence[OpSpec], templates: list[str], jobs: Sequence[RenderJob],
               files: Mapping[str, str]) -> str:
     """What produced generated/: kdagen version, the sha256 of every input and output, and per output
-    the template files its stamp covers and the stamp's hash (render/context.py stamp_digest)."""
+    the template files (and hand-written sources) its stamp covers and the stamp's hash (render/context.py
+    stamp_digest)."""
     data = {
         GENERATED_MARK: f"by kdagen {kdagen.__version__} - DO NOT EDIT; `nox -s generate` rewrites it",
         "kdagen_version": kdagen.__version__,
         "specs": {s.path: s.sha256 for s in specs},
         "templates": {f"templates/{t}": _sha((root / "templates" / t).read_bytes()) for t in templates},
         "outputs": {rel: _sha(text.encode("utf-8")) for rel, text in files.items()},
-        "inputs": {job.output: {"stamp": job.digest, "templates": [f"templates/{t}" for t in job.inputs]}
+        "sources": {src: _sha(source_bytes(src)) for src in sorted({s for job in jobs for s in job.sources})},
+        "inputs": {job.output: {"stamp": job.digest, "templates": [f"templates/{t}" for t in job.inputs],
+                                **({"sources": list(job.sources)} if job.sources else {})}
                    for job in sorted(jobs, key=lambda j: j.output)},
     }
     return json.dumps(data, sort_keys=True, indent=1) + "\n"

@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kda_intra: kda_prologue and kda_wu in one program per (walk chunk of 16 or 32 rows, head).
+
+For the bounded gate with |lower_bound| <= 125 ln 2 / 16 and L2-normed q and k (the plan's rule,
+triton_path.intra_fits): each input is read once and only what the walk reads is written (docs/design.md
+section 1.5). K: the head dim, BK, BV: the head dims padded to powers of two, BT: the variant's chunk, BC:
+the sub-block rows, IO: the I/O dtype.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import bias_row, chunk_gate, chunk_rows, fast_sigmoid, gate_a, mm, mm32, mma_wide, u_slices
+
+
+@triton.jit
+def intra(q, k, v, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
+          qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, scale, lower_bound,
+          sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, H,
+          SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
+          FP32_DOT: tl.constexpr,
+          K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+          BC: tl.constexpr, IO: tl.constexpr):
+    # A walk chunk is WBT = BT / SPLIT rows, the metadata chunk's SPLIT-th part; whole [WBT, BK] tiles, so no
+    # value crosses a column slice.
+    WBT: tl.constexpr = BT // SPLIT
+    tl.static_assert(WBT <= 2 * BC, "kda_intra's inverse takes at most two diagonal blocks")
+    i_s = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    WS_DTYPE: tl.constexpr = qg_ws.dtype.element_ty
+    t0, L = chunk_rows(chunk_indices, cu_seqlens, i_s // SPLIT, BT)
+    part = i_s % SPLIT
+    t0 = t0 + part * WBT
+    # L <= 0: a part past its sequence's end; every load and store below is masked off.
+    L = L - part * WBT
+
+    o_t = tl.arange(0, WBT)
+    o_k = tl.arange(0, BK)
+    m_t = o_t < L
+    m_k = o_k < K
+    mk = m_t[:, None] & m_k[None, :]
+    tok = t0 + o_t
+    ws = tok * H + i_h
+    a_h, a_x = gate_a(A_log, i_h, True)
+    b_bias = bias_row(g_bias, i_h, o_k, m_k, K, HAS_BIAS)
+    b_G = tl.cumsum(chunk_gate(raw_g, tok, L, i_h, sg_t, sg_h, o_t, o_k, m_k, b_bias, a_h, a_x, lower_bound,
+                               True), axis=0)
+    # G is non-increasing and rows past the end add 0, so the column minimum is G at the last valid row.
+    b_last = tl.min(b_G, axis=0)
+    tl.store(decay_ws + (i_s * H + i_h) * BK + o_k, tl.exp2(b_last), mask=(o_k >= 0) & (L > 0))
+    b_beta = tl.load(raw_beta + tok * sb_t + i_h * sb_h, mask=m_t, other=0.0).to(tl.float32)
+    b_beta = tl.where(m_t, fast_sigmoid(b_beta, DOT_F32), 0.0)
+    b_k = tl.load(k + tok[:, None] * sk_t + i_h * sk_h + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)[:, None]
+    b_q = tl.load(q + tok[:, None] * sq_t + i_h * sq_h + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=1) + 1e-6)[:, None]
+    # qg and kg go out first, and w's operand is formed before the products, so that only it and the
+    # [WBT, WBT] tiles stay live across the inverse (ptxas at 8 warps: 255 -> 238 registers).
+    b_eg = tl.exp2(b_G)
+    tl.store(qg_ws + ws[:, None] * BK + o_k[None, :], (b_q * b_eg).to(WS_DTYPE), mask=m_t[:, None])
+    tl.store(kg_ws + ws[:, None] * BK + o_k[None, :], (b_k * tl.exp2(b_last[None, :] - b_G)).to(WS_DTYPE),
+             mask=m_t[:, None])
+    b_kw = b_k * (b_eg * b_beta[:, None])
+
+    # ---- Akk and Aqk, one product each ----------------------------------------------------------------
+    # exp2(G_i - G_j) = exp2(G_i - R) exp2(R - G_j) with R the G of row WBT / 2 - 1: no factor spans more than
+    # BC rows of decay (< 2^125 at the gate's bound), and |q|, |k| <= 1 keep every kept product finite.
+    # Entries above the diagonal may overflow; they are discarded by a select, never multiplied.
+    b_R = tl.sum(tl.where((o_t == WBT // 2 - 1)[:, None], b_G, 0.0), axis=0)
+    b_col = tl.trans(b_k * tl.exp2(b_R[None, :] - b_G))
+    b_up = tl.exp2(b_G - b_R[None, :])
+    zeros = tl.zeros([WBT, WBT], dtype=tl.float32)
+    b_Aqk = mma_wide(b_q * b_up, b_col, zeros, DOT_F32)
+    b_Akk = mma_wide(b_k * b_up, b_col, zeros, DOT_F32)
+    b_aqk = tl.where(o_t[:, None] >= o_t[None, :], b_Aqk * scale, 0.0)
+    tl.store(aqk_ws + ws[:, None] * WBT + o_t[None, :], b_aqk.to(WS_DTYPE), mask=m_t[:, None])
+    b_A = tl.where(o_t[:, None] > o_t[None, :], b_Akk * b_beta[:, None], 0.0)
+
+    # ---- T = (I + A)^-1 in fp32 --------------------------------------------------------------------
+    # Diagonal BC-row blocks by forward substitution, row r of every block per step (their column ranges are
+    # disjoint, so one reduction gathers the rows): with N = T - I, N[r, :] = -A[r, :] - A[r, :] @ N.
+    same = (o_t // BC)[:, None] == (o_t // BC)[None, :]
+    b_T = tl.where(same, -b_A, 0.0)
+    for r in range(1, BC):
+        sel = (o_t % BC == r)[:, None]
+        b_row = tl.sum(tl.where(sel, b_T, 0.0), axis=0)
+        b_row = b_row + tl.sum(b_row[:, None] * b_T, axis=0)
+        b_T = tl.where(sel & same, b_row[None, :], b_T)
+    b_T = b_T + (o_t[:, None] == o_t[None, :]).to(tl.float32)
+    if WBT > BC:
+        # Two blocks: with Td the block-diagonal inverse and O the off-diagonal block of A, O Td O = 0, so
+        # (I + A)^-1 = Td - Td O Td exactly.
+        b_T = b_T - mm32(b_T, mm32(tl.where(same, 0.0, b_A), b_T, FP32_DOT), FP32_DOT)
+
+    # ---- w = T diag(beta) (k exp2(G)) and u = T diag(beta) v -------------------------------------------
+    b_w = mm(b_T, b_kw, IO, DOT_F32)
+    tl.store(w_ws + ws[:, None] * BK + o_k[None, :], b_w.to(WS_DTYPE), mask=m_t[:, None])
+    u_slices(v, u_ws, b_T, b_beta, tok, ws, m_t, i_h, sv_t, sv_h, BLOCK_V, V, BV, IO, DOT_F32)

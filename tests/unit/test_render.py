@@ -143,6 +143,11 @@ def test_variant_context(fixture_root):
     assert set(pkg["targets"]) == {"gfx942", "gfx950", "sm_90"}
 
 
+# The d64 variant's own outputs (backends [triton, hip], three targets).
+D64_FILES = ["triton/kda_chunk_fwd__triton__bf16__k64_v64_c64.py",
+             *(f"hip/kda_chunk_fwd__hip__bf16__k64_v64_c64__{t}.hip" for t in ("gfx942", "gfx950", "sm_90"))]
+
+
 def test_stamp_hash_covers_only_the_files_own_inputs(fixture_root):
     """A stamp hashes its template (HIP sources: and the headers they include) and the canonical JSON of
     the spec entries the file is rendered from, so an edit changes exactly the files that depend on it."""
@@ -176,7 +181,7 @@ def test_stamp_hash_covers_only_the_files_own_inputs(fixture_root):
     # One variant's own field: its file and the index files, nothing else.
     d64 = "  - label: d64\n    head_dim_k: 64\n    head_dim_v: 64\n"
     assert changed_by(lambda: replace(spec, d64, d64.replace("label: d64", "label: d64b"))) == \
-        sorted(["triton/kda_chunk_fwd__triton__bf16__k64_v64_c64.py", *index])
+        sorted([*D64_FILES, *index])
     # File-level tuning of one target: the Triton variants that have that target (every one here).
     triton = sorted(rel for rel in stamps() if rel.startswith("triton/kda_chunk_fwd__"))
     assert changed_by(lambda: replace(spec, "gfx942: {prologue_warps: 4,", "gfx942: {prologue_warps: 8,")) == triton
@@ -225,12 +230,11 @@ def test_stale_outputs_are_deleted_and_others_kept(fixture_root):
     end = text.index("  - label:", start + 1)
     spec.write_text(text[:start] + text[end:])
     report = emit(fixture_root)
-    assert [p.relative_to(out).as_posix() for p in report.deleted] == \
-        ["triton/kda_chunk_fwd__triton__bf16__k64_v64_c64.py"]
-    assert not (out / "triton" / "kda_chunk_fwd__triton__bf16__k64_v64_c64.py").exists()
+    assert sorted(p.relative_to(out).as_posix() for p in report.deleted) == sorted(D64_FILES)
+    assert not any((out / rel).exists() for rel in D64_FILES)
     assert mine.read_text() == "hand-made\n"
     manifest = json.loads((out / "_manifest.json").read_text())
-    assert "triton/kda_chunk_fwd__triton__bf16__k64_v64_c64.py" not in manifest["outputs"]
+    assert not set(D64_FILES) & set(manifest["outputs"])
 
 
 def test_file_manager_refuses_duplicate_and_escaping_paths():

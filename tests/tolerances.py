@@ -9,6 +9,8 @@ quantity says otherwise. Paths:
 - triton-gpu, fused-gpu: the Triton and the fused HIP (sm_90 build) paths on the H200.
 - hip-emulated: the generated HIP sources built by g++ against tests/build/hip_emulation (CPU).
 
+Outputs are judged on their conditioning (Note [Conditioned output error]); states on relative L2.
+
 Re-measuring: KDAGEN_TOLERANCE_LOG=/tmp/errs.jsonl pytest ... appends every checked error there, and
 `python -m tests.tolerances /tmp/errs.jsonl` prints the worst one per key next to the table's entry.
 """
@@ -16,14 +18,17 @@ Re-measuring: KDAGEN_TOLERANCE_LOG=/tmp/errs.jsonl pytest ... appends every chec
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 
-from kdagen.reference import rel_l2
+from kdagen import reference
+from kdagen.reference import chunk_kda_prefill_reference, rel_l2
 
 Key = tuple[str, str, str]
 # Where the measurements come from. The interpreter and emulation errors are deterministic (fixed seeds,
@@ -134,6 +139,83 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, key: Key) -> float:
     assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} vs reference {tuple(ref.shape)}"
     assert torch.isfinite(got).all(), f"{name}: {int((~torch.isfinite(got)).sum())} non-finite values (unwritten?)"
     return within(name, rel_l2(got, ref), key)
+
+
+# Note [Conditioned output error]
+#     Relative L2 error measures a kernel only when the output is about the size of the terms that make it. Each
+#     output is one dot product, o_t[h, v] = sum_k P_t[h, v, k] * scale * q_t[h, k] (P_t the state after token t),
+#     and rounding its operands by a relative u moves it by up to u * sum_k |P_t[h, v, k] * scale * q_t[h, k]|:
+#     the output's terms (output_terms, float64, from the reference's own states). For random operands
+#     kappa = ||terms|| / ||ref|| is about 0.64 sqrt(K) (KAPPA_MEASURED), and the relative error tracks the
+#     rounding. When the terms cancel it does not: a one-token sequence with no initial state has
+#     o = beta v (k . q) scale, and at cos(q, k) = -8.9e-4 (make_inputs([1], 1, 128, 128, bf16, seed=38), the
+#     H200 fuzz case that failed, kappa 685) the bf16 operands of q . k (u = 2^-9) move o by 16%, an absolute
+#     error of 9.5e-5 of |v| scale (reproduced on the CPU in tests/unit/test_tolerances.py).
+#     output_error divides by max(||ref||, ||terms|| / sqrt(K)). Where kappa <= sqrt(K), all but a few
+#     single-token batches measured, it is the relative L2 error itself and the table's bounds apply unchanged;
+#     past it the output is judged as if it had conditioning sqrt(K), against the rounding its terms allow. So a
+#     well-conditioned output gets no slack at all, and on an ill-conditioned one an error of the output's own
+#     size (a dropped token, a wrong v) still fails while kappa < sqrt(K) / bound (about 1,100 at K = 128 and
+#     the GPU bound). States are sums of decayed rank-one updates, not cancellations of this kind: they keep
+#     relative L2.
+KAPPA_MEASURED = ("kappa / sqrt(K) over 400 derandomized tests/interp/test_fuzz.py cases (references only, "
+                  "2026-12-03): median 0.64; batches of more than one token 0.41-1.35 (K = 128) and 0.54-1.17 "
+                  "(K = 64); single-token batches up to 1.83")
+
+
+def output_terms(**ref_args) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """chunk_kda_prefill_reference(**ref_args) and the magnitude of each output's terms (shaped like the
+    output): sum_k |P_t[h, v, k]| |scale q_t[h, k]|, P_t the float64 state after the output's token.
+
+    The reference's token walk reports the state after every token to a callback (its checkpoint hook); this
+    asks it for every token of every sequence, so the terms come from the very states the outputs do."""
+    walk = reference._walk
+    terms: list[torch.Tensor] = []
+
+    def walk_with_terms(X, K, V, bos, lens, h0, checkpoints=None, on_checkpoint=None):
+        every: dict[int, list] = {}
+        for n, (b, n_t) in enumerate(zip(bos, lens)):
+            for t in range(1, n_t + 1):
+                every.setdefault(t, []).append((n, ("terms", b + t - 1)))
+        for t, rows in (checkpoints or {}).items():
+            every.setdefault(t, []).extend(rows)
+        out = torch.zeros(X.shape[0], X.shape[1], V, dtype=X.dtype, device=X.device)
+
+        def hook(row, state):
+            if isinstance(row, tuple) and row[0] == "terms":
+                out[row[1]] = torch.einsum("hvk,hk->hv", state.abs(), X[row[1], :, :K].abs())
+            else:
+                on_checkpoint(row, state)
+
+        result = walk(X, K, V, bos, lens, h0, every, hook)
+        terms.append(out)
+        return result
+
+    # Patched for this one call (not thread-safe: compute references outside threads).
+    with mock.patch.object(reference, "_walk", walk_with_terms):
+        o, final = chunk_kda_prefill_reference(**ref_args)
+    return o, final, terms[0].reshape(o.shape)
+
+
+def output_error(got: torch.Tensor, ref: torch.Tensor, terms: torch.Tensor, K: int) -> float:
+    """||got - ref|| / max(||ref||, ||terms|| / sqrt(K)) in float64 (Note [Conditioned output error]);
+    non-finite values in `got` give inf or nan, like rel_l2."""
+    g64, r64 = got.detach().to(torch.float64), ref.detach().to(torch.float64)
+    if g64.shape != r64.shape or not bool(torch.isfinite(g64).all()):
+        return rel_l2(got, ref)  # its shape error, or nan / inf
+    den = max(torch.linalg.vector_norm(r64).item(),
+              torch.linalg.vector_norm(terms.detach().to(torch.float64)).item() / math.sqrt(K))
+    diff = torch.linalg.vector_norm(g64 - r64).item()
+    if den == 0.0:
+        return 0.0 if diff == 0.0 else float("inf")
+    return diff / den
+
+
+def check_output(name: str, got: torch.Tensor, ref: torch.Tensor, terms: torch.Tensor, K: int, key: Key) -> float:
+    """check() for an output, on its conditioned error (Note [Conditioned output error])."""
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} vs reference {tuple(ref.shape)}"
+    assert torch.isfinite(got).all(), f"{name}: {int((~torch.isfinite(got)).sum())} non-finite values (unwritten?)"
+    return within(name, output_error(got, ref, terms, K), key)
 
 
 def summarize(lines: Iterable[str]) -> str:

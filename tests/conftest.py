@@ -1,13 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared test helpers: the project root and a throw-away copy of the project tree.
+"""Shared test helpers: the project root, a throw-away copy of the project tree, the interpreter setting, and
+the count of which pipeline each numerics case ran (printed at the end of the session).
 
-TRITON_INTERPRET is set by the noxfile (per pytest process), never here: triton reads it at import.
-GPU tests skip themselves in their own module when torch.cuda is unavailable.
+Note [Interpreter setting]
+    Triton reads TRITON_INTERPRET once, when it is imported (at the first test module's import), and the
+    interpreter tests skip themselves without it, so a run that forgot it would pass having tested nothing.
+    The noxfile sets it per pytest process (on for tests/unit, interp, e2e and build; off for tests/aot and
+    tests/gpu, which need the real compiler). Run by hand with it unset on a machine without a GPU, this sets
+    it to 1 before Triton is imported, unless the command line selects tests/aot or tests/gpu; and whatever
+    the setting, a collected test that would skip for want of the interpreter fails the session at collection,
+    with what to run instead.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -16,6 +26,71 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TREE = ("kdagen", "templates", "specs", "generated", "pyproject.toml")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+# tests/ folders whose tests need the real Triton compiler (TRITON_INTERPRET unset).
+COMPILED_ONLY = ("aot", "gpu")
+# The interpreter tests' skip reason says this (tests/interp/*, tests/unit/test_fused_dispatch.py).
+INTERPRETER_SKIP = "TRITON_INTERPRET=1"
+
+
+def _selected_folders(config: pytest.Config) -> set[str]:
+    """The tests/ folders the command line selects; "*" for tests/ itself or anything above it."""
+    out = set()
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        try:
+            parts = path.relative_to(ROOT / "tests").parts
+        except ValueError:
+            parts = ()
+        out.add(parts[0] if parts else "*")
+    return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Note [Interpreter setting]: TRITON_INTERPRET=1 for a hand run without a GPU, before Triton is imported."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    selected = _selected_folders(config)
+    if "*" in selected or selected & set(COMPILED_ONLY):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    if "triton" in sys.modules:
+        raise pytest.UsageError("tests: TRITON_INTERPRET is unset and there is no GPU, but triton was imported "
+                                "before the tests' conftest could set it (Triton reads it at import); run "
+                                "`TRITON_INTERPRET=1 pytest ...`")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Note [Interpreter setting]: an interpreter test that would skip fails the session here instead."""
+    would_skip = [item.nodeid for item in items for mark in item.iter_markers("skipif")
+                  if mark.args and mark.args[0] is True and INTERPRETER_SKIP in mark.kwargs.get("reason", "")]
+    if would_skip:
+        raise pytest.UsageError(
+            f"{len(would_skip)} interpreter tests would be skipped (e.g. {would_skip[0]}): TRITON_INTERPRET="
+            f"{os.environ.get('TRITON_INTERPRET', '(unset)')}, and Triton reads it at import. Run them with "
+            "TRITON_INTERPRET=1 (nox -s tests does), in a process apart from tests/aot and tests/gpu, which need "
+            "it unset")
+
+
+# Numerics cases per pipeline that ran ("<test file>: <pipeline> (<variant>)" -> count), for the summary.
+_PIPELINES_RAN: Counter = Counter()
+
+
+@pytest.fixture(scope="session")
+def pipelines_ran() -> Counter:
+    """A session-wide Counter: a test adds 1 under a label naming the pipeline a case ran; the counts are
+    printed at the end of the session (how many cases took each path)."""
+    return _PIPELINES_RAN
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _PIPELINES_RAN:
+        terminalreporter.section("pipelines run (cases)")
+        for label, n in sorted(_PIPELINES_RAN.items()):
+            terminalreporter.write_line(f"{n:6d}  {label}")
 
 
 def copy_tree(dst: Path, parts: Iterable[str] = TREE) -> Path:

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The package as vLLM's KDA layers use it (tests/serving_loop.py), in the interpreter at small sizes: a serving
+loop of three steps over two layers under torch.inference_mode() (chunked prefill, a prefix-cache hit from a
+checkpoint, single-token sequences), two threads calling the op at once on shared metadata, and the op inside a
+torch.compile(fullgraph=True) module (the eager backend: the graph must not break, and the CPU has no GPU code
+to generate). Tolerances: tests/tolerances.py (triton-interp)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.serving_loop import Model, Scenario, check_served, compiled_layer, concurrent_calls, one_shot, serve
+from tests.tolerances import check_output
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter numerics: run with TRITON_INTERPRET=1")
+
+SMALL = Scenario(heads=2, head_dim=64, layers=2, dtype=torch.bfloat16, device="cpu", long_splits=(70, 50, 30),
+                 prefix=64, shared_suffix=19, resumed_suffix=21, path="triton-interp")
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    return Model.make(SMALL)
+
+
+def test_serving_loop_equals_the_one_shot_prefill(model):
+    with torch.inference_mode():
+        outs, caches, checkpoints = serve(model)
+        whole = one_shot(model, "long", 1)
+    check_served(model, outs, caches, checkpoints)
+    # The long prompt over three steps against the kernels' own prefill of it in one call.
+    split = torch.cat(outs[("long", 1)]).cpu()
+    _, terms, _, _ = model.reference(1, "long")
+    check_output("long prompt, split vs one call", split, whole.double(), terms, SMALL.head_dim,
+                 (*SMALL.key, "output"))
+
+
+def test_two_threads_call_the_op_at_once(model):
+    concurrent_calls(model, calls=2)
+
+
+def test_the_op_inside_a_compiled_module(model):
+    compiled_layer(model, backend="eager")

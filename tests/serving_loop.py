@@ -109,15 +109,16 @@ class Model:
 
     def reference(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(outputs [n, H, V], their terms, final state [H, V, K], state after `prefix` tokens), float64, of the
-        request's whole prompt in one shot from a zero state."""
-        n = self.s.lengths[name]
-        args = {k: x[None] for k, x in self.tokens[layer][name].items()}
-        ckpt = torch.full((1, self.s.heads, self.s.head_dim, self.s.head_dim), float("nan"), dtype=torch.float64)
+        request's whole prompt in one shot from a zero state; computed on the scenario's device, returned on the CPU."""
+        s, n = self.s, self.s.lengths[name]
+        args = {k: x[None].to(s.device) for k, x in self.tokens[layer][name].items()}
+        args.update({k: w.to(s.device) for k, w in self.weights[layer].items()})
+        ckpt = torch.full((1, s.heads, s.head_dim, s.head_dim), float("nan"), dtype=torch.float64, device=s.device)
         o, final, terms = output_terms(
-            **args, **self.weights[layer], lower_bound=LOWER_BOUND, use_qk_l2norm_in_kernel=True,
-            cu_seqlens=cu_of([n], "cpu"), output_final_state=True, checkpoint_state=ckpt,
-            checkpoint_offsets=torch.tensor([self.s.prefix]))  # written where n > prefix
-        return o[0], terms[0], final[0], ckpt[0]
+            **args, lower_bound=LOWER_BOUND, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_of([n], s.device),
+            output_final_state=True, checkpoint_state=ckpt,
+            checkpoint_offsets=torch.tensor([s.prefix], device=s.device))  # written where n > prefix
+        return o[0].cpu(), terms[0].cpu(), final[0].cpu(), ckpt[0].cpu()
 
 
 def step_plan(s: Scenario, parts: list[tuple[str, int, int]], cu: torch.Tensor, cu_cpu: torch.Tensor,
@@ -244,6 +245,8 @@ def concurrent_calls(m: Model, calls: int = 2, streams: bool = False) -> None:
                 x = m.packed(layer, parts)
                 for call in range(calls):
                     cache = start[i].clone()
+                    if stream is not None:  # the copies above ran on the default stream
+                        stream.wait_stream(torch.cuda.current_stream())
                     barrier.wait()
                     with torch.cuda.stream(stream) if stream is not None else nullcontext():
                         o, _ = kdagen_kernels.chunk_kda_prefill(

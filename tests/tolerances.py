@@ -155,7 +155,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, key: Key) -> float:
 #     tests/interp/test_conditioned_error.py: relative 0.156, conditioned 2.6e-3).
 #     output_error divides by max(||ref||, ||terms|| / sqrt(K)). Where kappa <= sqrt(K) (95% of the fuzz's
 #     cases) it is the relative L2 error itself and the table's bounds apply unchanged; past it (17 of 343, 13 of
-#     them single-token batches, at most 1.83 sqrt(K) but the one above) the output is judged as if it had
+#     them single-token batches, kappa at most 1.83 sqrt(K)) the output is judged as if it had
 #     conditioning sqrt(K), against the rounding its terms allow. So a well-conditioned output gets no slack,
 #     a mildly ill-conditioned one at most 1.83x, and on an ill-conditioned one an error of the output's own
 #     size (a dropped token, a wrong v) still fails while kappa < sqrt(K) / bound (about 1,100 at K = 128 and

@@ -75,6 +75,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "it unset")
 
 
+@pytest.fixture
+def one_launch_at_a_time(monkeypatch):
+    """Triton's interpreter is not thread-safe (a launch patches triton.language's globals while it runs): for
+    tests of concurrent calls on the CPU, one interpreted launch at a time, with a switch to the other thread
+    after each, so that two calls still interleave between their launches (where a shared workspace would be
+    overwritten)."""
+    import threading
+    import time
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launch, lock = InterpretedFunction.run, threading.Lock()
+
+    def one_at_a_time(self, *args, **kwargs):
+        with lock:
+            result = launch(self, *args, **kwargs)
+        time.sleep(0.001)
+        return result
+
+    monkeypatch.setattr(InterpretedFunction, "run", one_at_a_time)
+
+
 # Numerics cases per pipeline that ran ("<test file>: <pipeline> (<variant>)" -> count), for the summary.
 _PIPELINES_RAN: Counter = Counter()
 

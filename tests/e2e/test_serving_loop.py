@@ -39,7 +39,7 @@ def test_serving_loop_equals_the_one_shot_prefill(model):
                  (*SMALL.key, "output"))
 
 
-def test_two_threads_call_the_op_at_once(model):
+def test_two_threads_call_the_op_at_once(model, one_launch_at_a_time):
     concurrent_calls(model, calls=2)
 
 

@@ -207,6 +207,19 @@ def one_shot(m: Model, name: str, layer: int) -> torch.Tensor:
     return o[0].cpu()
 
 
+def serve_and_check(m: Model) -> None:
+    """The three steps under torch.inference_mode(), checked (check_served), and the long prompt over three
+    steps against the kernels' own prefill of it in one call (at the last layer)."""
+    layer = m.s.layers - 1
+    with torch.inference_mode():
+        outs, caches, checkpoints = serve(m)
+        whole = one_shot(m, "long", layer)
+    check_served(m, outs, caches, checkpoints)
+    _, terms, _, _ = m.reference(layer, "long")
+    check_output("long prompt, split vs one call", torch.cat(outs[("long", layer)]).cpu(), whole.double(), terms,
+                 m.s.head_dim, (*m.s.key, "output"))
+
+
 def step_reference(m: Model, layer: int, parts, cache_before: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                       torch.Tensor, list[int]]:
     """(outputs, terms, cache after, the rows it routes) of one step at one layer in float64."""

@@ -12,8 +12,7 @@ import os
 import pytest
 import torch
 
-from tests.serving_loop import Model, Scenario, check_served, compiled_layer, concurrent_calls, one_shot, serve
-from tests.tolerances import check_output
+from tests.serving_loop import Model, Scenario, compiled_layer, concurrent_calls, serve_and_check
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="interpreter numerics: run with TRITON_INTERPRET=1")
@@ -28,15 +27,7 @@ def model() -> Model:
 
 
 def test_serving_loop_equals_the_one_shot_prefill(model):
-    with torch.inference_mode():
-        outs, caches, checkpoints = serve(model)
-        whole = one_shot(model, "long", 1)
-    check_served(model, outs, caches, checkpoints)
-    # The long prompt over three steps against the kernels' own prefill of it in one call.
-    split = torch.cat(outs[("long", 1)]).cpu()
-    _, terms, _, _ = model.reference(1, "long")
-    check_output("long prompt, split vs one call", split, whole.double(), terms, SMALL.head_dim,
-                 (*SMALL.key, "output"))
+    serve_and_check(model)
 
 
 def test_two_threads_call_the_op_at_once(model, one_launch_at_a_time):

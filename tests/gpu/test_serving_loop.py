@@ -11,8 +11,7 @@ import os
 import pytest
 import torch
 
-from tests.serving_loop import Model, Scenario, check_served, compiled_layer, concurrent_calls, one_shot, serve
-from tests.tolerances import check_output
+from tests.serving_loop import Model, Scenario, compiled_layer, concurrent_calls, serve_and_check
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a GPU (and not the interpreter)")
@@ -28,14 +27,7 @@ def model() -> Model:
 
 
 def test_serving_loop_equals_the_one_shot_prefill(model):
-    with torch.inference_mode():
-        outs, caches, checkpoints = serve(model)
-        whole = one_shot(model, "long", 3)
-    check_served(model, outs, caches, checkpoints)
-    split = torch.cat(outs[("long", 3)]).cpu()
-    _, terms, _, _ = model.reference(3, "long")
-    check_output("long prompt, split vs one call", split, whole.double(), terms, SERVING.head_dim,
-                 (*SERVING.key, "output"))
+    serve_and_check(model)
 
 
 def test_two_threads_on_two_streams_at_once(model):

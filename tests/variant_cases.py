@@ -117,7 +117,8 @@ def run_and_check(e: VariantEntry, pipeline: str, run: dict, ref: dict, log: lis
     lower_bound = PIPELINES[pipeline]
     plan = plan_for(e, pipeline, run, lower_bound)
     described = plan.describe()
-    assert plan.entry.name == e.name, f"asked for {e.name} ({pipeline}), the plan runs {plan.entry.name}: {described}"
+    assert plan.entry.name == e.name and plan.pipeline.name == pipeline, \
+        f"asked for {e.name} ({pipeline}), the plan runs {plan.entry.name}: {described}"
     out = poisoned_out(run["v"])
     o, none = plan.run(run["q"], run["k"], run["v"], run["raw_g"], run["raw_beta"], run["A_log"], run["g_bias"],
                        out=out, state_cache=run["state_cache"])

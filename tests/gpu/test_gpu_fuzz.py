@@ -27,6 +27,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import kdagen_kernels
+from kdagen.runtime import fused_path
+from kdagen.runtime.pipeline import INTRA_MIN_LOWER_BOUND
 from kdagen.runtime.registry import TORCH_DTYPES
 from tests.interp.test_fuzz import _build, cases
 from tests.kda_cases import poisoned_out
@@ -66,11 +68,12 @@ def _hip_builds(e) -> bool:
 def _meets_hip(case: dict) -> bool:
     """The HIP kernels' preconditions (the L2 norm in kernel is in every case)."""
     return (case["variant"] in FUSABLE and case["layout"] == "packed" and case["g_bias"]
-            and case["lower_bound"] is not None and case["lower_bound"] >= -5.415)
+            and case["lower_bound"] is not None and case["lower_bound"] >= INTRA_MIN_LOWER_BOUND)
 
 
 def _run_hip_plan(args: dict, e) -> tuple[torch.Tensor, torch.Tensor | None, object]:
-    """One plan with the HIP kernels forced, run once: (output, final state or None, plan)."""
+    """One plan with the HIP kernels forced, run once, with a spy proving both HIP kernels were launched:
+    (output, final state or None, plan)."""
     cu = args["cu_seqlens"]
     plan = kdagen_kernels.plan_kda_prefill(
         cu, cu.cpu(), num_heads=args["q"].shape[2], head_dim_k=e.head_dim_k, head_dim_v=e.head_dim_v,
@@ -78,10 +81,25 @@ def _run_hip_plan(args: dict, e) -> tuple[torch.Tensor, torch.Tensor | None, obj
         use_qk_l2norm_in_kernel=True, state_indices=args.get("state_indices"),
         has_initial_state=args.get("has_initial_state"), output_final_state=args.get("output_final_state", False),
         use_fused_chunk=True, pipeline=HIP_PIPELINE)
-    o, s = plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"], args["g_bias"],
-                    initial_state=args.get("initial_state"), out=poisoned_out(args["v"]),
-                    state_cache=args.get("state_cache"))
+    launched: list[str] = []
+    with pytest.MonkeyPatch.context() as m:
+        for cls in (fused_path.HipIntraLaunch, fused_path.HipWalkLaunch):
+            m.setattr(cls, "__call__", _recording(cls.__call__, cls.__name__, launched))
+        o, s = plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"],
+                        args["g_bias"], initial_state=args.get("initial_state"), out=poisoned_out(args["v"]),
+                        state_cache=args.get("state_cache"))
+    assert plan.pipeline.name == HIP_PIPELINE and plan.lib is not None, plan.describe()
+    if args["cu_seqlens"][-1] > 0:
+        assert set(launched) == {"HipIntraLaunch", "HipWalkLaunch"}, f"launched {launched}: {plan.describe()}"
     return o, s, plan
+
+
+def _recording(call, name: str, log: list[str]):
+    def spy(self, *a, **kw):
+        log.append(name)
+        return call(self, *a, **kw)
+
+    return spy
 
 
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -98,7 +116,6 @@ def test_random_ragged_batches_every_route(drawn, pipelines_ran):
     args = {k: _to(v, DEV) for k, v in args.items()}
     if route == "hip":
         o, s, plan = _run_hip_plan(args, e)
-        assert plan.entry.backend == "hip", f"{HIP_PIPELINE} ran {plan.entry.name}: {plan.describe()}"
         label = f"{HIP_PIPELINE} ({plan.entry.name})"
     else:
         out = poisoned_out(args["v"])

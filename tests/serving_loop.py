@@ -222,16 +222,17 @@ def serve_and_check(m: Model) -> None:
 
 def step_reference(m: Model, layer: int, parts, cache_before: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                       torch.Tensor, list[int]]:
-    """(outputs, terms, cache after, the rows it routes) of one step at one layer in float64."""
+    """(outputs, terms, cache after, the rows it routes) of one step at one layer in float64, computed on the
+    scenario's device and returned on the CPU."""
+    dev = m.s.device
     lens = [b - a for _, a, b in parts]
-    x = {k: t.cpu() for k, t in m.packed(layer, parts).items()}
-    cache = cache_before.cpu().clone()
+    cache = cache_before.clone()
     rows = [SLOTS[r] for r, _, _ in parts]
-    o, _, terms = output_terms(**x, lower_bound=LOWER_BOUND, use_qk_l2norm_in_kernel=True,
-                               cu_seqlens=cu_of(lens, "cpu"), state_cache=cache,
-                               state_indices=torch.tensor(rows, dtype=torch.int32),
-                               has_initial_state=torch.tensor([a > 0 for _, a, _ in parts]))
-    return o, terms, cache, rows
+    o, _, terms = output_terms(**m.packed(layer, parts), lower_bound=LOWER_BOUND, use_qk_l2norm_in_kernel=True,
+                               cu_seqlens=cu_of(lens, dev), state_cache=cache,
+                               state_indices=torch.tensor(rows, dtype=torch.int32, device=dev),
+                               has_initial_state=torch.tensor([a > 0 for _, a, _ in parts], device=dev))
+    return o.cpu(), terms.cpu(), cache.cpu(), rows
 
 
 def concurrent_calls(m: Model, calls: int = 2, streams: bool = False) -> None:

@@ -136,8 +136,8 @@ def step_plan(s: Scenario, parts: list[tuple[str, int, int]], cu: torch.Tensor, 
                     checkpoint_state_indices=torch.tensor([checkpoint_rows.get(r, -1) for r, _, _ in parts],
                                                           dtype=torch.int32, device=dev))
     plan = kdagen_kernels.plan_kda_prefill(
-        cu_seqlens_cpu=cu_cpu, num_heads=s.heads, head_dim_k=s.head_dim, head_dim_v=s.head_dim, dtype=s.dtype, device=dev,
-        lower_bound=LOWER_BOUND, has_g_bias=True, use_qk_l2norm_in_kernel=True, **meta, **ckpt)
+        cu_seqlens_cpu=cu_cpu, num_heads=s.heads, head_dim_k=s.head_dim, head_dim_v=s.head_dim, dtype=s.dtype,
+        device=dev, lower_bound=LOWER_BOUND, has_g_bias=True, use_qk_l2norm_in_kernel=True, **meta, **ckpt)
     return plan, {**meta, **ckpt}
 
 

@@ -85,6 +85,11 @@ TOLERANCES: dict[Key, Tolerance] = {
     ("fused-gpu", "bf16", "output"): Tolerance(3.72e-3, 2.7, H200_LOG),
     ("fused-gpu", "bf16", "final_state"): Tolerance(2.79e-3, 3.5, H200_LOG),
     ("fused-gpu", "bf16", "adversarial"): Tolerance(2.47e-2, 2.0, H200_LOG),
+    # fp16 I/O through the same bf16 workspace and matrix operands as bf16: bf16's H200 worst until an H200 run
+    # of tests/gpu (test_hip_variants_gpu, the fuzz) measures fp16's own.
+    ("fused-gpu", "fp16", "output"): Tolerance(3.72e-3, 2.7, H200_LOG + "; bf16's, the same workspace"),
+    ("fused-gpu", "fp16", "final_state"): Tolerance(2.79e-3, 3.5, H200_LOG + "; bf16's, the same workspace"),
+    ("fused-gpu", "fp16", "adversarial"): Tolerance(2.47e-2, 2.0, H200_LOG + "; bf16's, the same workspace"),
     ("fused-gpu", "bf16", "vs_triton"): Tolerance(4.96e-3, 4.0, H200_LOG),
     ("fused-gpu", "bf16", "vs_one_group"): Tolerance(1.1e-3, 4.5, "H200, final state at G = 2..32 vs G = 1 "
                                                                   "(2026-11-30, commit c137451)"),

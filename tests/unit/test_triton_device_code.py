@@ -2,7 +2,7 @@
 """The generated Triton variants are thin wrappers over kdagen/triton_kernels/: every kernel forwards its
 whole ABI to its body, and an edit of the bodies changes the Triton variants' stamps (and only theirs).
 Triton's own cache key of a wrapper following its body is tests/aot/test_triton_cache_key.py (it needs the
-compiler's JITFunction, not the interpreter's).""" 
+compiler's JITFunction, not the interpreter's)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["check", "tests", "tests_triton_edge"]
 
-# Tested pins (design/toolchain.md section 0): the CPU torch wheel does not pin triton itself, and an
+# Tested pins (docs/reference.md, "Triton releases"): the CPU torch wheel does not pin triton itself, and an
 # unpinned triton resolves to a release without tl.make_block_ptr.
 TORCH = "torch==2.13.0"
 PINS = (TORCH, "triton==3.7.1")

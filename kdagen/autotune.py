@@ -3,7 +3,7 @@
 into the spec, so tuning stays where users read and edit it (specs/*.yaml, tuning.triton.<target>).
 
 Each candidate runs in its own process: a config can fault (an illegal address under triton 3.6 on
-sm_90 for some recurrence configs, docs/perf-notes.md section 2), and a fault poisons the CUDA context
+sm_90 for some recurrence configs), and a fault poisons the CUDA context
 of the process that hit it. A candidate counts only if its full call first agrees with the float64
 reference on a small ragged batch; then each kernel is timed alone (`triton.testing.do_bench` median)
 on the tuning shapes. The three kernels' knobs are independent, so each is chosen on its own.

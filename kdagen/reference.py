@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Float64 reference of `chunk_kda_prefill`: the token-by-token KDA recurrence from raw inputs.
 
-This is the ground truth every kernel is tested against (kda-semantics.md 1.1, 1.2, 2.1-2.7). It
+This is the ground truth every kernel is tested against (docs/semantics.md). It
 takes exactly the op's arguments, computes in float64 on the inputs' device, and walks the tokens
 one at a time in Python. Sequences are sorted by length so that at token step t the sequences still
 running form a prefix of the batch; each step is a handful of batched torch ops over
@@ -331,7 +331,7 @@ def intra_workspace_reference(
     rows: int = 16,
 ) -> dict[str, torch.Tensor]:
     """Float64 workspace of the chunk-parallel kernels on `rows`-row walk chunks (kda_intra's contract,
-    docs/design.md section 1.5), for the bounded gate with q and k L2-normed.
+    docs/design.md, "The chunk stages"), for the bounded gate with q and k L2-normed.
 
     Inputs packed [1, T, H, *]. Per walk chunk, with G the in-chunk cumulative log2 gate and G_L its last
     valid row: qg = q 2^G, kg = k 2^(G_L - G), aqk = tril(q k^T 2^(G_i - G_j)) scale, A = strictly lower

@@ -10,7 +10,8 @@ DECLARED = (16, 32, 64)
 
 
 def plain_metadata(cu: list[int], bt: int) -> tuple[list[list[int]], list[int]]:
-    """(chunk_indices rows, chunk_offsets) built one sequence at a time (kda-semantics.md 2.2)."""
+    """(chunk_indices rows, chunk_offsets) built one sequence at a time (docs/semantics.md, "The chunk metadata
+    helpers")."""
     indices, offsets = [], [0]
     for n in range(len(cu) - 1):
         count = -(-(cu[n + 1] - cu[n]) // bt)

@@ -2,7 +2,8 @@
 """FLA's chunk_kda (safe gate) per kernel, from the torch profiler (GPU, fla-core importable).
 
 Usage: PYTHONPATH=.:generated python3 tools/fla_breakdown.py [H:T:N ...]
-Gives the peer's time per stage, which is what each of our stages has to beat (docs/perf-notes.md).
+Gives the peer's time per stage, which is what each of our stages has to beat (docs/performance-model.md,
+"Per-kernel times as last measured").
 """
 
 from __future__ import annotations

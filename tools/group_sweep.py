@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Whole-call GPU time of the Triton path at forced recurrence group counts (docs/perf-notes.md section 14).
+"""Whole-call GPU time of the Triton path at forced recurrence group counts (docs/performance-model.md, "The group
+count of the Triton walk").
 
 Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/group_sweep.py [H:T:N ...] [--groups 1,2,4]
 Each call is captured in a CUDA graph and timed by replay (triton.testing.do_bench_cudagraph), so the

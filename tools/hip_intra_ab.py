@@ -10,7 +10,7 @@ Builds the K = V = 128 sm_90 fused library from the base tree (`--base`, optiona
 generated source once per `--build` (compile-time knobs as -D flags; default: one build without flags), runs
 each on the bench's inputs into its own workspace, prints every build's workspace against the first's (relative
 L2 per tensor), then `do_bench` medians of the kernel alone over interleaved rounds (min / median of rounds).
-docs/perf-notes.md section 32 took its tables with it.
+Its tables: docs/performance-model.md, "HIP kernel knobs".
 """
 
 from __future__ import annotations

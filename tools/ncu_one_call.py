@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One fused call and one Triton call of a shape, for `ncu` (see docs/perf-notes.md); a second argument
+"""One fused call and one Triton call of a shape, for `ncu`; a second argument
 `triton` leaves the fused call (and its nvcc build) out.
 
     ncu -k regex:prologue --section SpeedOfLight ... python3 tools/ncu_one_call.py 96:16384:16 [triton]

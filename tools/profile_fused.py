@@ -3,7 +3,7 @@
 
 Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/profile_fused.py [H:T:N ...]
 Prints, per shape and path, each kernel's mean time per call, so a change can be aimed at the kernel
-that costs (docs/perf-notes.md keeps the results).
+that costs (docs/perf-archive.md keeps the results).
 """
 
 from __future__ import annotations

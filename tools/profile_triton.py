@@ -3,7 +3,7 @@
 
 Usage (repo root, GPU machine): PYTHONPATH=.:generated python3 tools/profile_triton.py [H:T:N ...]
 Prints, per shape, the whole call and each kernel's median time for every tuning candidate, so a
-spec's tuning block can be chosen from measurements (docs/perf-notes.md keeps the results).
+spec's tuning block can be chosen from measurements (docs/perf-archive.md keeps the results).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ WU = [dict(wu_warps=w, wu_stages=s, wu_block_k=bk)
 INTRA = [dict(intra_warps=w, intra_stages=s, intra_block_v=b)
          for w, s, b in ((8, 1, 32), (8, 1, 64), (4, 1, 32), (4, 1, 64), (8, 2, 32), (16, 1, 32), (16, 1, 64))]
 REC = [dict(recurrence_warps=w, recurrence_stages=s, block_v=b)
-       # (4, 2, 32) is left out: it faults (illegal address) under triton 3.6 on sm_90, see docs/perf-notes.md.
+       # (4, 2, 32) is left out: it faults (illegal address) under triton 3.6 on sm_90.
        for w, s, b in ((8, 2, 64), (4, 2, 64), (8, 1, 64), (8, 2, 32), (4, 1, 32), (8, 2, 128), (4, 1, 16))]
 
 

@@ -7,8 +7,9 @@ Builds kda_intra's workspace in float64 (kdagen.reference.intra_workspace_refere
 batch (K = V = 128, bounded gate, L2 norm, an initial state) and walks it in float64 with the roundings the
 kernels make switched on or off one at a time: the bf16 workspace (each tensor alone), the bf16 copy of the state
 in its products, bf16 v_new, the bf16 output. Prints the relative L2 error of the output and the final state
-against the float64 prefill (docs/perf-notes.md section 31). The kernels' own operand roundings inside kda_intra
-(its bf16 Aqk / Akk operands) are not modelled: the workspace here is exact before it is rounded.
+against the float64 prefill (docs/perf-archive.md, "Where the fused path's output error comes from"). The kernels'
+own operand roundings inside kda_intra (its bf16 Aqk / Akk operands) are not modelled: the workspace here is exact
+before it is rounded.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Triton path's kernels (templates/triton/kda_chunk.py.j2), declared once. See Note [Kernel ABI].
 
-Token-major workspaces ([T, H, *], docs/design.md section 1.4): qg, w, kg [T, H, BK], u [T, H, BV] and
+Token-major workspaces ([T, H, *], docs/design.md, "The workspace"): qg, w, kg [T, H, BK], u [T, H, BV] and
 aqk, tinv [T, H, walk chunk] in the I/O dtype (fp32 under the interpreter), decay [walk chunks, H, BK] and
 rnorm [T, H, 2] fp32. Strides are in elements; `s<x>_t`, `s<x>_h` are a tensor's token and head strides.
 SPLIT: the walk's chunks per metadata chunk (1: the kernel pair at the variant's chunk, 2 or 4: kda_intra's

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Chunk metadata for packed varlen batches (kda-semantics.md 2.2, 2.3).
+"""Chunk metadata for packed varlen batches (docs/semantics.md, "The chunk metadata helpers").
 
 - `prepare_chunk_metadata_device`: chunk_indices / chunk_offsets built on the device by the
   generated Triton module (passed in as `kernels`); only the allocation size comes from the host

@@ -372,8 +372,8 @@ def packed_metadata(p: Problem, chunk: int, device: torch.device, cu_seqlens, ch
 
 
 def fused_output(v: torch.Tensor, *others: torch.Tensor | None) -> torch.Tensor:
-    """Where the fused path writes when the caller passed no `out`: into v, as vLLM's op does (the prologue
-    has read v before the recurrence writes), when v is contiguous and shares no memory with a state the
+    """Where the fused path writes when the caller passed no `out`: into v, as vLLM's op does (the chunk
+    stage has read v before the walk writes), when v is contiguous and shares no memory with a state the
     walk reads or writes; else a new tensor."""
     if v.is_contiguous() and not any(t is not None and may_overlap(v, t) for t in others):
         return v

@@ -3,7 +3,7 @@
 
 Production callers pass `pipeline=` and `groups=` to the plan; these variables let tools and A/B runs set
 the same choices without changing the caller, and are documented as for experiments (docs/reference.md,
-section 2). A malformed value is an error naming the variable. Variables of earlier releases that these
+"Environment variables"). A malformed value is an error naming the variable. Variables of earlier releases that these
 replace are refused with their replacement, so an experiment never silently measures the default.
 KDAGEN_TARGET (device.target_of) and KDAGEN_DEBUG (device.debug_enabled) are read at plan time too; the
 build cache's variables are cache.py's and jit_hip.py's.

@@ -81,9 +81,9 @@ Specs = list[tuple[str, tuple[int, ...], torch.dtype]]
 
 def chunk_buffers(design: str, T: int, H: int, bk: int, bv: int, chunk: int, n_chunks: int, io: torch.dtype,
                   rows: int = INTRA_CHUNK) -> Specs:
-    """What a chunk stage writes and the walk reads (kda-semantics 1.4), token-major: the Triton intra and the
-    HIP intra ("intra", on walk chunks of `rows` rows) write qg, w, kg, u, their aqk and decay per walk chunk;
-    the pair ("pair") adds its tinv and rnorm for kda_wu.
+    """What a chunk stage writes and the walk reads (docs/design.md, "The workspace"), token-major: the Triton
+    intra and the HIP intra ("intra", on walk chunks of `rows` rows) write qg, w, kg, u, their aqk and decay per
+    walk chunk; the pair ("pair") adds its tinv and rnorm for kda_wu.
 
     The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
     workspace stays fp32 and CPU tests see the algorithm's own error; GPU runs store the I/O dtype."""

@@ -119,7 +119,7 @@ def chunk_gate(raw_g, tok, n_valid, i_h, sg_t, sg_h, o_r, o_k, m_k, b_bias, a_h,
     if LOWER_BOUND:
         # lower_bound * sigmoid(a (z + bias)) / ln 2 with the constants folded per column, c = -a / ln 2:
         # one FMA, one exp2 and one division per element (-0.11 ms of the two prologue kernels at H=96
-        # T=16384 N=16, -0.26 at H=32 T=65536 N=1 on an H200; docs/perf-notes.md section 16).
+        # T=16384 N=16, -0.26 at H=32 T=65536 N=1 on an H200; docs/perf-archive.md, "The bounded gate folded").
         c = -a_h * RCP_LN2
         b_e = tl.exp2(b_z.to(tl.float32) * c + (b_bias * c)[None, :])
         return tl.where(mask, (lower_bound * RCP_LN2) / (1.0 + b_e), 0.0)

@@ -2,8 +2,8 @@
 """kda_intra: kda_prologue and kda_wu in one program per (walk chunk of 16 or 32 rows, head).
 
 For the bounded gate with |lower_bound| <= 125 ln 2 / 16 and L2-normed q and k (the plan's rule,
-triton_path.intra_fits): each input is read once and only what the walk reads is written (docs/design.md
-section 1.5). K: the head dim, BK, BV: the head dims padded to powers of two, BT: the variant's chunk, BC:
+triton_path.intra_fits): each input is read once and only what the walk reads is written (docs/design.md,
+"The chunk stages"). K: the head dim, BK, BV: the head dims padded to powers of two, BT: the variant's chunk, BC:
 the sub-block rows, IO: the I/O dtype.
 """
 

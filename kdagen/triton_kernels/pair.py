@@ -74,8 +74,8 @@ def prologue(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices, aq
     # Gate, cumsum and decay references are per column, so every quantity below can be formed one
     # BLOCK_K-wide column slice at a time; only the [BC, BC] blocks of Akk/Aqk, the row norms and the
     # inverse live across slices. Per-slice tiles stay small whatever K is: holding whole [BC, K] tiles for
-    # all NB sub-blocks spilled 1.9 KB per thread at four warps (docs/perf-notes.md section 9, which also
-    # records what still spills at one warp).
+    # all NB sub-blocks spilled 1.9 KB per thread at four warps (docs/perf-archive.md, "Triton prologue: column
+    # slices, one warp", which also records what still spills at one warp).
     NB: tl.constexpr = BT // BC
     i_c = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)

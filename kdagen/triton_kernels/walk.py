@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """kda_recurrence, the fp32 V-first state walk over a sequence's chunks, and kda_group_scan, the start
-states of the group split (kda-semantics.md 3.4, runtime/group_scan.py).
+states of the group split (docs/design.md, "The walk stages"; runtime/group_scan.py).
 
 K, V: the head dims; BK, BV: them padded to powers of two; BT: the variant's chunk; IO: the I/O dtype.
 """

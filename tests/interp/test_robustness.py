@@ -113,7 +113,8 @@ def test_extreme_inputs_stay_finite_and_accurate(e, scenario):
 
 def _near_duplicate(e, seed: int, noise: float, beta_logit: float) -> dict:
     """Keys within `noise` of one direction, beta = sigmoid(beta_logit), real K3 gate biases (almost no
-    decay): (I + Akk) is as far from I as it gets, the regime of kda-semantics.md 3.8 item 4."""
+    decay): (I + Akk) is as far from I as it gets, the regime of docs/semantics.md, "The chunked form" (the
+    triangular inverse)."""
     args = make_inputs([64, 64], 1, e.head_dim_k, e.head_dim_v, DTYPES[e.dtype], "cpu", seed=seed,
                        adversarial=True)
     gen = torch.Generator().manual_seed(1000 + seed)

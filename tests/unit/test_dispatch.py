@@ -167,7 +167,8 @@ def test_diagonal_block_mode_follows_the_gate_bound():
 
 
 @pytest.mark.parametrize(("N", "H", "chunks", "want"), [
-    # the measured best on the H200 with the one-stage walk (perf-notes section 16)
+    # the measured best on the H200 with the one-stage walk (docs/performance-model.md, "The group count of the
+    # Triton walk")
     (1, 12, 64, 6),      # one sequence of 4K tokens
     (1, 12, 256, 6),     # 16K
     (1, 12, 1024, 16),   # 64K
@@ -195,8 +196,9 @@ def _walk_groups(n_seq, H, chunks, sms=132, *, checkpoints=False, groups=None, b
 
 
 def test_triton_group_count_keeps_full_gpus_on_one_walk():
-    # H200 graph timings (perf-notes section 16): plain walks on up to half the SMs gain from a split (64
-    # programs: G=3, 10%), on more do not (96 programs, one 64K sequence at 48 heads or four at 12: G=1).
+    # H200 graph timings (docs/performance-model.md, "The group count of the Triton walk"): plain walks on up to
+    # half the SMs gain from a split (64 programs: G=3, 10%), on more do not (96 programs, one 64K sequence at 48
+    # heads or four at 12: G=1).
     assert _walk_groups(1, 32, 1024) == 3
     assert _walk_groups(1, 48, 1024) == 1
     assert _walk_groups(4, 12, 1024) == 1

@@ -24,7 +24,7 @@ TIGHT = 1e-11  # float64 vs float64, different algorithms
 
 
 # --------------------------------------------------------------------------------------------
-# Independent formulation: chunked KDA with a K-first state S [K, V] (kda-semantics.md 1.3),
+# Independent formulation: chunked KDA with a K-first state S [K, V] (docs/semantics.md, "The chunked form"),
 # written straight from the equations, chunk 16, natural-log domain.
 # --------------------------------------------------------------------------------------------
 def chunked_kda_kfirst(q, k, v, g, beta, scale, S0, BT=16):

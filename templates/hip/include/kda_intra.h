@@ -2,8 +2,8 @@
 // kda_intra.h: the chunk-parallel half on 16-row walk chunks, INTRA_ITEMS (walk chunk, head) items per workgroup
 // one after the other, its tiles in shared memory (copied verbatim; constants: kda_common.h).
 //
-// The Triton kernel kda_intra at intra_rows 16 computes the same workspace (docs/design.md sections 1.5 and
-// 3.3a; docs/perf-notes.md sections 26, 27 and 32: the design, its byte count and the measurements). A walk chunk
+// The Triton kernel kda_intra at intra_rows 16 computes the same workspace (docs/design.md, "The chunk stages";
+// docs/performance-model.md, "Per-kernel times as last measured" and "HIP kernel knobs"). A walk chunk
 // is the ISPLIT-th part of a metadata chunk of BT rows. For the bounded gate and L2-normed q, k only (the plan's
 // rule): factors relative to row IREF span at most 8 rows of decay, within bf16's range, and |q|, |k| <= 1.
 //
@@ -28,7 +28,7 @@ constexpr int IEK = K / ITPR;           // K columns per thread in the row layou
 constexpr int IEV = V / ITPR;           // V columns per thread
 constexpr int IWAVES = THREADS / KDA_WARP;
 // CUDA: resident blocks per SM the register allocation must leave room for (80 registers at 256 threads: the item
-// loop spills at four blocks' 64; docs/perf-notes.md section 32).
+// loop spills at four blocks' 64; docs/performance-model.md, "HIP kernel knobs").
 #ifndef INTRA_BLOCKS_PER_SM
 #define INTRA_BLOCKS_PER_SM 3
 #endif

@@ -12,7 +12,8 @@
 // except on the K side. The K side of a step (w, qg, kg, aqk, decay and this slice's u: what every wave reads)
 // goes to shared memory in WSTAGES stages: steps i + 1 .. i + WSTAGES - 1 are copied while step i's products run
 // (cp.async on CUDA; through registers on AMD, held across the products where KDA_WALK_PREFETCH is set), one
-// barrier per step. docs/perf-notes.md section 30: the design, its bytes and the measurements.
+// barrier per step. The design: docs/design.md, "The walk stages"; the knobs: docs/performance-model.md,
+// "HIP kernel knobs".
 //
 // State routing as the Triton walk: state_in 0 zeros, 1 dense h0[n], 2 paged h0[state_idx[n]] when
 // has_init[n]; state_out 0 none, 1 dense ht[n], 2 paged ht[state_idx[n]]; a paged row outside [0, n_slots) is

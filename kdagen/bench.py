@@ -124,23 +124,49 @@ def _plan(args: dict, ci, co, **extra):
         output_final_state=args["output_final_state"], **extra)
 
 
+def _plan_extra(name: str) -> dict:
+    """The plan options a kdagen row's name stands for: the fused path, the pair design, or a named pipeline
+    ("kdagen-<chunk>+<walk>", from --pipeline)."""
+    if name == "kdagen-fused":
+        return {"use_fused_chunk": True}
+    if name == "kdagen-triton-pair":
+        return {"design": "pair"}
+    if "+" in name:
+        return {"pipeline": name.removeprefix("kdagen-")}
+    return {}
+
+
 def pipeline_of(name: str, args: dict, ci, co) -> str:
-    """What a kdagen row ran, from plan.describe() where this kdagen has it ("n/a" otherwise; a peer: "")."""
+    """What a kdagen row ran: the "pipeline:" line of plan.describe() (its stages and group count) where this
+    kdagen has that method, "n/a" otherwise; a peer: ""."""
     if not name.startswith("kdagen"):
         return ""
     try:
-        extra = {"use_fused_chunk": name == "kdagen-fused"}
-        if name == "kdagen-triton-pair":
-            extra["design"] = "pair"
-        describe = getattr(_plan(args, ci, co, **extra), "describe", None)
+        describe = getattr(_plan(args, ci, co, **_plan_extra(name)), "describe", None)
         if describe is None:
             return "n/a"
-        d = describe()
-        if isinstance(d, dict):
-            d = " ".join(f"{k}={v}" for k, v in d.items())
-        return " ".join(str(d).split())
+        text = str(describe())
+        line = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("pipeline:")), None)
+        return line.removeprefix("pipeline:").strip() if line else " ".join(text.split())
     except Exception as exc:  # a description must never stop the timing
         return f"describe failed: {type(exc).__name__}"
+
+
+def pipeline_maker(pipeline: str):
+    """A kdagen row running the named pipeline ("<chunk>+<walk>") through plan_kda_prefill(pipeline=...)."""
+    import inspect
+
+    import kdagen_kernels
+
+    if "pipeline" not in inspect.signature(kdagen_kernels.plan_kda_prefill).parameters:
+        raise SystemExit(f"kdagen bench: --pipeline {pipeline!r}: this kdagen's plan_kda_prefill takes no pipeline=")
+
+    def make(args, ci, co, out):
+        plan = _plan(args, ci, co, pipeline=pipeline)
+        return lambda: plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"],
+                                args["g_bias"], initial_state=args["initial_state"], out=out)
+
+    return make
 
 
 def implementations(include_peers: bool = True) -> dict:
@@ -157,7 +183,7 @@ def implementations(include_peers: bool = True) -> dict:
 
     def ours_pair(args, ci, co, out):
         # The Triton path with the chunk-parallel design forced to the kernel pair (an A/B of the plan's choice).
-        plan = _plan(args, ci, co, design="pair")
+        plan = _plan(args, ci, co, **_plan_extra("kdagen-triton-pair"))
         return lambda: plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"],
                                 args["g_bias"], initial_state=args["initial_state"], out=out)
 
@@ -275,7 +301,8 @@ def _row(name: str, shape: Shape, timed: dict, floor: float, errs: tuple[float, 
 
 
 def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = None,
-              workers: dict[str, Path] | None = None, rep_ms: int = REP_MS) -> list[dict]:
+              workers: dict[str, Path] | None = None, rep_ms: int = REP_MS,
+              pipelines: tuple[str, ...] = ()) -> list[dict]:
     import torch
 
     from kdagen.bench_worker import Worker
@@ -291,6 +318,7 @@ def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = Non
             pool[name] = w
             avail[name] = w
     chosen = pick_impls(avail, wanted or [])
+    chosen.update({f"kdagen-{p}": pipeline_maker(p) for p in pipelines})
     local = {k: v for k, v in chosen.items() if k not in pool}
     remote = {k: v for k, v in chosen.items() if k in pool}
     impls, check_errs = _validate(local)
@@ -356,6 +384,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flashkda", action="append", default=[], metavar="NAME=DIR",
                    help=f"a FlashKDA build to time in its own process: {FLASHKDA}=DIR (upstream) or {FORK}=DIR "
                         "(vLLM's fork), DIR holding its flash_kda package (repeatable)")
+    p.add_argument("--pipeline", action="append", default=[], metavar="CHUNK+WALK",
+                   help="also time kdagen on this pipeline (plan_kda_prefill(pipeline=...)), e.g. "
+                        "triton_pair+triton_walk; repeatable")
     p.add_argument("--rep-ms", type=int, default=REP_MS, help="milliseconds of repeats per timing (default 100)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"), help="where the CSV and PNG go")
 
@@ -369,7 +400,7 @@ def _run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("kdagen bench needs a GPU", file=sys.stderr)
         return 2
-    rows = run_bench(shapes, args.out_dir, args.impl, workers, args.rep_ms)
+    rows = run_bench(shapes, args.out_dir, args.impl, workers, args.rep_ms, tuple(args.pipeline))
     print(format_table(rows))
     print(summary(rows))
     print(f"CSV and plot: {args.out_dir}/bench.csv, {args.out_dir}/bench.png")

@@ -303,3 +303,20 @@ def test_flashkda_inputs_have_its_layouts_and_dtypes():
 def test_flashkda_inputs_reject_what_flashkda_cannot_compute(over, msg):
     with pytest.raises(ValueError, match=f"no FlashKDA form: {msg}"):
         flashkda_inputs(_args(**over))
+
+
+def test_pipeline_column_is_the_plans_pipeline_line_or_na(monkeypatch):
+    from types import SimpleNamespace
+
+    from kdagen import bench
+
+    asked = []
+    text = "kdagen plan on cuda: v\n  batch: B=1\n  pipeline: hip_intra+hip_walk, 1 group\n  why: fits"
+    monkeypatch.setattr(bench, "_plan", lambda a, ci, co, **kw: asked.append(kw) or SimpleNamespace(
+        describe=lambda: text))
+    assert bench.pipeline_of("kdagen-fused", {}, None, None) == "hip_intra+hip_walk, 1 group"
+    assert bench.pipeline_of("kdagen-triton_pair+triton_walk", {}, None, None) == "hip_intra+hip_walk, 1 group"
+    assert asked == [{"use_fused_chunk": True}, {"pipeline": "triton_pair+triton_walk"}]
+    assert bench.pipeline_of("flashkda-vllm", {}, None, None) == ""
+    monkeypatch.setattr(bench, "_plan", lambda a, ci, co, **kw: SimpleNamespace())  # a kdagen without describe()
+    assert bench.pipeline_of("kdagen-triton", {}, None, None) == "n/a"

@@ -1,17 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """`python -m kdagen bench`: time chunk_kda_prefill's Triton path, its fused path (when a hip variant serves
-the device) and the peers FLA (`chunk_kda`) and FlashKDA (`fwd`), each when importable, in one run on the
-same inputs (bench_peers.py converts them to what each peer takes).
+the device) and the peers on the same inputs: FLA (`chunk_kda`, with FLA_FLASH_KDA=0) and FlashKDA (`fwd`).
+Two FlashKDA builds (vLLM's fork and upstream) both import as `flash_kda`, so each one named by
+`--flashkda NAME=DIR` runs in its own worker process (bench_worker.py) that regenerates the same inputs from
+the same seed; a `flash_kda` importable here is timed in-process as "flashkda" when no --flashkda is given.
 
-GPU time is the median of CUDA-graph replays (triton.testing.do_bench_cudagraph); eager time is the
-median of plain calls, Python included (do_bench, which flushes the L2 cache before each call, so its
-difference to the GPU time mixes host time with cold-cache effects); host time is the median host-side
-cost of one call on an idle device (validation, metadata, allocations, launches: what an eager caller
-pays before the GPU work is queued). The floor is max(bytes / copy bandwidth, FLOPs / bf16 matmul rate),
-both measured in the same run. Per shape: the best peer (least GPU time of the peers that ran) and every
-row's ratio best peer / it. Writes a table to stdout, a CSV and a PNG plot.
-Every implementation is checked against the float64 reference on a small shape before timing, and its
-output and final state again at each shape the reference can afford (ref_fits).
+GPU time is the median of CUDA-graph replays (triton.testing.do_bench_cudagraph); a call that cannot be
+captured (it syncs inside) is timed eagerly instead and marked 'e' in the table. Eager time is the median of
+plain calls, Python included (do_bench, which flushes the L2 before each call); host time is the median
+host-side cost of one call on an idle device. The floor is max(bytes / copy bandwidth, FLOPs / bf16 matmul
+rate), both measured in the same run. Per shape: the best peer (least GPU time of the peers that ran), every
+row's ratio best peer / it, and fork / it (vLLM's FlashKDA, when it ran). Every implementation is checked
+against the float64 reference on a small shape before timing, and again at each shape the reference can
+afford (ref_fits). Writes a table to stdout, a CSV and a PNG plot.
 """
 
 from __future__ import annotations
@@ -23,54 +24,32 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kdagen.bench_peers import FLA, FLASHKDA, PEERS, peer_impls
-from kdagen.bench_report import add_peer_ratios, format_table, plot, write_csv
+from kdagen.bench_peers import FLA, FLASHKDA, FORK, is_peer, peer_impls
+from kdagen.bench_report import add_peer_ratios, format_table, plot, summary, write_csv
+from kdagen.bench_shapes import DEFAULT_SETS, SETS, STANDARD, Shape, equal_lens, pick_shapes
 from kdagen.cli import add_command
 
-# performance.md: (H, T, N) with N equal sequences packed into T tokens.
-SHAPES = [(h, t, n) for h in (12, 32, 96) for (t, n) in ((4096, 1), (16384, 1), (65536, 1), (16384, 16), (65536, 64))]
-QUICK = [(12, 4096, 1), (12, 16384, 16), (96, 16384, 16)]
+SHAPES = STANDARD  # performance.md's fifteen
 BYTES_PER_TOKEN_HEAD = 1282  # read q, k, v, raw_g, raw_beta; write o (bf16, K = V = 128)
 STATE_BYTES_PER_SEQ_HEAD = 2 * 128 * 128 * 4  # fp32 state in and out
 FLOPS_PER_TOKEN_HEAD = 181_589  # 6d^2 + 10Cd + C^2/3 at C = 64, d = 128
 IMPL_NAMES = {"triton": "kdagen-triton", "triton-pair": "kdagen-triton-pair", "fused": "kdagen-fused", "fla": FLA,
-              "flashkda": FLASHKDA}
+              "flashkda": FLASHKDA, "flashkda-vllm": FORK}
+DEFAULT_OFF = ("kdagen-triton-pair",)  # an A/B of the plan's design choice: timed only when --impl names it
 CHECK_SHAPE = (4, 1000, 3)  # (H, T, N) every implementation is checked on before any timing
 # A peer keeps its own numerics (FlashKDA rounds its state to bf16 between 16-token chunks); a wrong
 # input conversion gives errors of order 1, far above this.
 PEER_TOL = 5e-2
 REF_MAX_TOKEN_HEADS = 2**21  # larger shapes report the check shape's errors (see ref_fits)
 REF_MAX_STEPS = 16384
-
-
-def pick_shapes(explicit: list[str], quick: bool, heads: str) -> list[tuple[int, int, int]]:
-    """--shape H:T:N entries as given, else the performance.md (or quick) shapes, kept to --heads if set."""
-    def parse(text: str, what: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(x) for x in text.split(":" if what == "--shape" else ","))
-        except ValueError:
-            raise SystemExit(f"kdagen bench: {what} {text!r}: expected integers "
-                             f"({'H:T:N' if what == '--shape' else 'H1,H2'})") from None
-
-    shapes = [parse(s, "--shape") for s in explicit]
-    if any(len(s) != 3 or min(s) < 1 or s[2] > s[1] for s in shapes):
-        raise SystemExit(f"kdagen bench: --shape wants H:T:N with 1 <= N <= T, got {explicit}")
-    if not shapes:
-        shapes = list(QUICK if quick else SHAPES)
-        if heads:
-            wanted = set(parse(heads, "--heads"))
-            shapes = [s for s in shapes if s[0] in wanted]
-            if not shapes:
-                raise SystemExit(f"kdagen bench: no {'quick ' if quick else ''}shape has H in {sorted(wanted)}; "
-                                 f"the heads there are {sorted({s[0] for s in (QUICK if quick else SHAPES)})}, "
-                                 "or give --shape H:T:N")
-    return shapes
+REP_MS = 100
 
 
 def pick_impls(available: dict, wanted: list[str]) -> dict:
-    """The implementations named by --impl (short or full names), all available ones if none is named."""
+    """The implementations named by --impl (short or full names); none named: all available ones but the
+    DEFAULT_OFF A/Bs."""
     if not wanted:
-        return available
+        return {k: v for k, v in available.items() if k not in DEFAULT_OFF}
     out = {}
     for w in wanted:
         name = IMPL_NAMES.get(w, w)
@@ -82,9 +61,20 @@ def pick_impls(available: dict, wanted: list[str]) -> dict:
     return out
 
 
-def equal_lens(T: int, N: int) -> list[int]:
-    """performance.md's batches: N equal sequences (the last takes the remainder) packed into T tokens."""
-    return [T // N] * (N - 1) + [T - (T // N) * (N - 1)]
+def parse_workers(specs: list[str]) -> dict[str, Path]:
+    """--flashkda NAME=DIR entries: DIR holds a `flash_kda` package (a build of FlashKDA); NAME is flashkda
+    (upstream) or flashkda-vllm (vLLM's fork)."""
+    out = {}
+    for s in specs:
+        name, sep, d = s.partition("=")
+        if not sep or name not in (FLASHKDA, FORK) or not d:
+            raise SystemExit(f"kdagen bench: --flashkda {s!r}: expected NAME=DIR with NAME {FLASHKDA} (upstream) "
+                             f"or {FORK} (vLLM's fork) and DIR the folder holding its flash_kda package")
+        if not (Path(d) / "flash_kda" / "__init__.py").is_file():
+            raise SystemExit(f"kdagen bench: --flashkda {s!r}: no flash_kda/__init__.py under {d}; point DIR at "
+                             "the folder that holds the built package")
+        out[name] = Path(d).resolve()
+    return out
 
 
 def shape_inputs(H: int, T: int, N: int, seed: int = 0):
@@ -94,7 +84,8 @@ def shape_inputs(H: int, T: int, N: int, seed: int = 0):
 def make_inputs(H: int, lens: list[int], K: int = 128, V: int = 128, dtype: str = "bf16", chunk_size: int = 64,
                 seed: int = 0, device: str = "cuda"):
     """Random chunk_kda_prefill arguments (safe gate, L2 norm, bias, initial state) and the chunk
-    metadata for sequences of the given lengths."""
+    metadata for sequences of the given lengths. Deterministic in (lens, seed): a worker process builds
+    the same tensors."""
     import torch
 
     import kdagen_kernels
@@ -116,7 +107,69 @@ def make_inputs(H: int, lens: list[int], K: int = 128, V: int = 128, dtype: str 
     return args, ci, co
 
 
-def implementations() -> dict:
+def _plan(args: dict, ci, co, **extra):
+    """plan_kda_prefill for the benchmark's batch; `extra` only where this kdagen takes it (pipeline= is new:
+    a plan function without it gets the call without it)."""
+    import inspect
+
+    import kdagen_kernels
+
+    cu, q, v = args["cu_seqlens"], args["q"], args["v"]
+    params = inspect.signature(kdagen_kernels.plan_kda_prefill).parameters
+    extra = {k: x for k, x in extra.items() if k in params}
+    return kdagen_kernels.plan_kda_prefill(
+        cu, cu.cpu(), num_heads=q.shape[2], head_dim_k=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,
+        lower_bound=args["lower_bound"], has_g_bias=args["g_bias"] is not None,
+        use_qk_l2norm_in_kernel=args["use_qk_l2norm_in_kernel"], chunk_indices=ci, chunk_offsets=co,
+        output_final_state=args["output_final_state"], **extra)
+
+
+def _plan_extra(name: str) -> dict:
+    """The plan options a kdagen row's name stands for: the fused path, the pair design, or a named pipeline
+    ("kdagen-<chunk>+<walk>", from --pipeline)."""
+    if name == "kdagen-fused":
+        return {"use_fused_chunk": True}
+    if name == "kdagen-triton-pair":
+        return {"design": "pair"}
+    if "+" in name:
+        return {"pipeline": name.removeprefix("kdagen-")}
+    return {}
+
+
+def pipeline_of(name: str, args: dict, ci, co) -> str:
+    """What a kdagen row ran: the "pipeline:" line of plan.describe() (its stages and group count) where this
+    kdagen has that method, "n/a" otherwise; a peer: ""."""
+    if not name.startswith("kdagen"):
+        return ""
+    try:
+        describe = getattr(_plan(args, ci, co, **_plan_extra(name)), "describe", None)
+        if describe is None:
+            return "n/a"
+        text = str(describe())
+        line = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("pipeline:")), None)
+        return line.removeprefix("pipeline:").strip() if line else " ".join(text.split())
+    except Exception as exc:  # a description must never stop the timing
+        return f"describe failed: {type(exc).__name__}"
+
+
+def pipeline_maker(pipeline: str):
+    """A kdagen row running the named pipeline ("<chunk>+<walk>") through plan_kda_prefill(pipeline=...)."""
+    import inspect
+
+    import kdagen_kernels
+
+    if "pipeline" not in inspect.signature(kdagen_kernels.plan_kda_prefill).parameters:
+        raise SystemExit(f"kdagen bench: --pipeline {pipeline!r}: this kdagen's plan_kda_prefill takes no pipeline=")
+
+    def make(args, ci, co, out):
+        plan = _plan(args, ci, co, pipeline=pipeline)
+        return lambda: plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"],
+                                args["g_bias"], initial_state=args["initial_state"], out=out)
+
+    return make
+
+
+def implementations(include_peers: bool = True) -> dict:
     import torch
 
     import kdagen_kernels
@@ -130,12 +183,7 @@ def implementations() -> dict:
 
     def ours_pair(args, ci, co, out):
         # The Triton path with the chunk-parallel design forced to the kernel pair (an A/B of the plan's choice).
-        cu, q, v = args["cu_seqlens"], args["q"], args["v"]
-        plan = kdagen_kernels.plan_kda_prefill(
-            cu, cu.cpu(), num_heads=q.shape[2], head_dim_k=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,
-            lower_bound=args["lower_bound"], has_g_bias=args["g_bias"] is not None,
-            use_qk_l2norm_in_kernel=args["use_qk_l2norm_in_kernel"], chunk_indices=ci, chunk_offsets=co,
-            output_final_state=args["output_final_state"], design="pair")
+        plan = _plan(args, ci, co, **_plan_extra("kdagen-triton-pair"))
         return lambda: plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"],
                                 args["g_bias"], initial_state=args["initial_state"], out=out)
 
@@ -149,7 +197,8 @@ def implementations() -> dict:
     else:
         print("no fused (hip) variant for K=V=128 bf16 on this device; timing the Triton path only",
               file=sys.stderr)
-    impls.update(peer_impls())
+    if include_peers:
+        impls.update(peer_impls())
     return impls
 
 
@@ -167,31 +216,44 @@ def _ceilings() -> tuple[float, float]:
     return bw, 2 * 8192**3 / (ms * 1e-3)
 
 
-def ref_fits(H: int, T: int, N: int) -> bool:
+def floor_ms(shape: Shape, bw: float, flops: float) -> float:
+    """performance.md's floor: every byte moved once at the copy bandwidth, or every FLOP at the bf16 rate."""
+    TH = shape.T * shape.H
+    return 1e3 * max((BYTES_PER_TOKEN_HEAD * TH + STATE_BYTES_PER_SEQ_HEAD * shape.N * shape.H) / bw,
+                     FLOPS_PER_TOKEN_HEAD * TH / flops)
+
+
+def ref_fits(H: int, lens) -> bool:
     """Whether the float64 reference runs at this shape: it holds about 10 KB per token-head on the GPU
     and walks the longest sequence token by token from Python (about 0.15 ms a step)."""
-    return T * H <= REF_MAX_TOKEN_HEADS and max(equal_lens(T, N)) <= REF_MAX_STEPS
+    return sum(lens) * H <= REF_MAX_TOKEN_HEADS and max(lens) <= REF_MAX_STEPS
+
+
+def check_errors(make, ref, args, ci, co) -> tuple[float, float]:
+    """One poisoned call of `make`'s callable against the float64 reference (o, s): rel L2 of each."""
+    import torch
+
+    from kdagen.reference import rel_l2
+
+    # An explicit, poisoned out: with out=None the fused path writes into v (vLLM's op's contract).
+    o, s = make(args, ci, co, torch.full_like(args["v"], float("nan")))()
+    return rel_l2(o, ref[0]), rel_l2(s, ref[1])
 
 
 def _validate(impls: dict) -> tuple[dict, dict[str, tuple[float, float]]]:
     """Each implementation against the float64 reference at CHECK_SHAPE: ours must agree within 1e-2, a
     peer within PEER_TOL (else it is not timed); returns the kept ones and their errors there."""
-    import torch
-
-    from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+    from kdagen.reference import chunk_kda_prefill_reference
 
     args, ci, co = shape_inputs(*CHECK_SHAPE, seed=1)
-    ref_o, ref_s = chunk_kda_prefill_reference(**args)
+    ref = chunk_kda_prefill_reference(**args)
     kept, errors = {}, {}
     for name, make in impls.items():
-        # An explicit, poisoned out: with out=None the fused path writes into v (vLLM's op's contract),
-        # which the next implementation reads.
-        o, s = make(args, ci, co, torch.full_like(args["v"], float("nan")))()
-        eo, es = rel_l2(o, ref_o), rel_l2(s, ref_s)
+        eo, es = check_errors(make, ref, args, ci, co)
         print(f"check {name}: rel L2 output {eo:.2e}, final state {es:.2e}", file=sys.stderr)
-        tol = PEER_TOL if name in PEERS else 1e-2
+        tol = PEER_TOL if is_peer(name) else 1e-2
         if not (eo < tol and es < tol):
-            if name not in PEERS:
+            if not is_peer(name):
                 raise SystemExit(f"{name} disagrees with the float64 reference; not timing it")
             print(f"{name} disagrees with the float64 reference (over {tol:g}); not timing it", file=sys.stderr)
             continue
@@ -212,73 +274,135 @@ def host_us(fn: Callable[[], object], sync: Callable[[], None], n: int = 30) -> 
     return 1e6 * statistics.median(times)
 
 
-def run_bench(shapes, out_dir: Path, wanted: list[str] | None = None) -> list[dict]:
+def time_call(fn: Callable[[], object], rep_ms: int = REP_MS, name: str = "") -> dict:
+    """GPU time by graph replay ('graph'), or eagerly ('eager') where the call cannot be captured; eager and
+    host time beside it. `fn` has run once already (compile, autotune)."""
     import torch
     import triton
 
+    timing = "graph"
+    try:
+        gpu = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
+    except Exception as exc:  # a peer that syncs inside its call cannot be captured
+        print(f"{name}: graph capture failed ({type(exc).__name__}: {str(exc)[:120]}); timing it eagerly",
+              file=sys.stderr)
+        torch.cuda.synchronize()
+        gpu, timing = triton.testing.do_bench(fn, rep=rep_ms, return_mode="median"), "eager"
+    eager = triton.testing.do_bench(fn, rep=rep_ms, return_mode="median")
+    return dict(gpu_ms=gpu, eager_ms=eager, host_us=host_us(fn, torch.cuda.synchronize), timing=timing)
+
+
+def _row(name: str, shape: Shape, timed: dict, floor: float, errs: tuple[float, float], err_at: str,
+         pipeline: str) -> dict:
+    gpu = timed["gpu_ms"]
+    return dict(impl=name, set=shape.set, H=shape.H, T=shape.T, N=shape.N, max_len=max(shape.lens), **timed,
+                floor_ms=floor, mtok_s=shape.T / gpu / 1e3, pct_floor=100 * floor / gpu, err_o=errs[0],
+                err_s=errs[1], err_at=err_at, pipeline=pipeline)
+
+
+def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = None,
+              workers: dict[str, Path] | None = None, rep_ms: int = REP_MS,
+              pipelines: tuple[str, ...] = ()) -> list[dict]:
+    import torch
+
+    from kdagen.bench_worker import Worker
     from kdagen.reference import chunk_kda_prefill_reference, rel_l2
 
-    impls, check_errors = _validate(pick_impls(implementations(), wanted or []))
+    workers = workers or {}
+    # With workers, this process imports no flash_kda: the workers time the FlashKDA builds.
+    avail = {**implementations(include_peers=False), **peer_impls(flashkda=not workers)}
+    pool = {}
+    for name, d in workers.items():  # started before the names are checked: their import is the check
+        w = Worker.start(name, d)
+        if w is not None:
+            pool[name] = w
+            avail[name] = w
+    chosen = pick_impls(avail, wanted or [])
+    chosen.update({f"kdagen-{p}": pipeline_maker(p) for p in pipelines})
+    local = {k: v for k, v in chosen.items() if k not in pool}
+    remote = {k: v for k, v in chosen.items() if k in pool}
+    impls, check_errs = _validate(local)
+    for name, w in remote.items():
+        errs = w.check()
+        if errs is not None:
+            impls[name], check_errs[name] = w, errs
     bw, flops = _ceilings()
     print(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", file=sys.stderr)
+    chk = ":".join(map(str, CHECK_SHAPE))
     rows = []
-    for i, (H, T, N) in enumerate(shapes):
-        args, ci, co = shape_inputs(H, T, N)
-        out = torch.empty_like(args["v"])
-        ref = chunk_kda_prefill_reference(**args) if ref_fits(H, T, N) else None
-        floor_ms = 1e3 * max((BYTES_PER_TOKEN_HEAD * T * H + STATE_BYTES_PER_SEQ_HEAD * N * H) / bw,
-                             FLOPS_PER_TOKEN_HEAD * T * H / flops)
-        for name, make in impls.items():
-            fn = make(args, ci, co, out)  # a peer's input conversion happens here, outside the timing
-            out.fill_(float("nan"))
-            o, s = fn()  # compile / autotune outside the graph; this call's results are checked
-            torch.cuda.synchronize()
-            if ref is not None:
-                (eo, es), err_at = (rel_l2(o, ref[0]), rel_l2(s, ref[1])), "own"
-            else:
-                (eo, es), err_at = check_errors[name], ":".join(map(str, CHECK_SHAPE))
-            del o, s
-            try:
-                gpu = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
-            except Exception as exc:  # a peer that syncs inside its call cannot be captured
-                print(f"{name}: graph capture failed ({exc}); timing it eagerly", file=sys.stderr)
+    try:
+        for i, shape in enumerate(shapes):
+            args, ci, co = make_inputs(shape.H, list(shape.lens))
+            out = torch.empty_like(args["v"])
+            ref = chunk_kda_prefill_reference(**args) if ref_fits(shape.H, shape.lens) else None
+            floor = floor_ms(shape, bw, flops)
+            shape_rows = []
+            for name, make in impls.items():
+                if name in pool:
+                    timed, got = make.time(shape, rep_ms, dump=ref is not None)
+                    if timed is None:
+                        continue
+                    errs, at = ((rel_l2(got[0], ref[0]), rel_l2(got[1], ref[1])), "own") if got else \
+                        (check_errs[name], chk)
+                    shape_rows.append(_row(name, shape, timed, floor, errs, at, ""))
+                    continue
+                fn = make(args, ci, co, out)  # a peer's input conversion happens here, outside the timing
+                out.fill_(float("nan"))
+                o, s = fn()  # compile / autotune outside the graph; this call's results are checked
                 torch.cuda.synchronize()
-                gpu = triton.testing.do_bench(fn, rep=100, return_mode="median")
-            eager = triton.testing.do_bench(fn, rep=100, return_mode="median")
-            host = host_us(fn, torch.cuda.synchronize)
-            rows.append(dict(impl=name, H=H, T=T, N=N, gpu_ms=gpu, eager_ms=eager, host_us=host, floor_ms=floor_ms,
-                             mtok_s=T / gpu / 1e3, pct_floor=100 * floor_ms / gpu, err_o=eo, err_s=es, err_at=err_at))
-        ref = None  # the next shape's reference needs the memory
-        add_peer_ratios(rows[-len(impls):])
-        # Progress, with this shape's rows, and the CSV so far: a long run that is cut short keeps them.
-        print(f"[{i + 1}/{len(shapes)}] H={H} T={T} N={N}\n" + format_table(rows[-len(impls):]).split("\n", 1)[1],
-              file=sys.stderr, flush=True)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_csv(rows, out_dir / "bench.csv")
+                errs, at = ((rel_l2(o, ref[0]), rel_l2(s, ref[1])), "own") if ref is not None else \
+                    (check_errs[name], chk)
+                del o, s
+                shape_rows.append(_row(name, shape, time_call(fn, rep_ms, name), floor, errs, at,
+                                       pipeline_of(name, args, ci, co)))
+            del ref, args, out  # the next shape's inputs and reference need the memory
+            torch.cuda.empty_cache()
+            add_peer_ratios(shape_rows)
+            rows += shape_rows
+            # Progress, with this shape's rows, and the CSV so far: a long run that is cut short keeps them.
+            print(f"[{i + 1}/{len(shapes)}] {shape.set} H:T:N {shape.label()}\n"
+                  + format_table(shape_rows).split("\n", 1)[1], file=sys.stderr, flush=True)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_csv(rows, out_dir / "bench.csv")
+    finally:
+        for w in pool.values():
+            w.close()
     plot(rows, out_dir / "bench.png")
     return rows
 
 
 def _configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="three shapes instead of the fifteen of performance.md")
-    p.add_argument("--shape", action="append", default=[], metavar="H:T:N", help="add a shape (repeatable)")
-    p.add_argument("--heads", default="", metavar="H1,H2",
-                   help="only the performance.md (or --quick) shapes with these head counts")
+    p.add_argument("--set", action="append", default=[], metavar="NAME", dest="sets",
+                   help=f"a shape set, repeatable: {', '.join(SETS)} (default: {' + '.join(DEFAULT_SETS)})")
+    p.add_argument("--quick", action="store_true", help="the three quick shapes (same as --set quick)")
+    p.add_argument("--shape", action="append", default=[], metavar="H:T:N",
+                   help="add a shape (repeatable): H:T:N for N equal sequences, H:L1,L2,... for those lengths")
+    p.add_argument("--heads", default="", metavar="H1,H2", help="only the chosen sets' shapes with these head counts")
     p.add_argument("--impl", action="append", default=[], metavar="NAME",
-                   help=f"time only this implementation, repeatable: {', '.join(IMPL_NAMES)} (default: all available)")
+                   help=f"time only this implementation, repeatable: {', '.join(IMPL_NAMES)} (default: all "
+                        f"available but {', '.join(DEFAULT_OFF)})")
+    p.add_argument("--flashkda", action="append", default=[], metavar="NAME=DIR",
+                   help=f"a FlashKDA build to time in its own process: {FLASHKDA}=DIR (upstream) or {FORK}=DIR "
+                        "(vLLM's fork), DIR holding its flash_kda package (repeatable)")
+    p.add_argument("--pipeline", action="append", default=[], metavar="CHUNK+WALK",
+                   help="also time kdagen on this pipeline (plan_kda_prefill(pipeline=...)), e.g. "
+                        "triton_pair+triton_walk; repeatable")
+    p.add_argument("--rep-ms", type=int, default=REP_MS, help="milliseconds of repeats per timing (default 100)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"), help="where the CSV and PNG go")
 
 
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    shapes = pick_shapes(args.shape, args.quick, args.heads)
+    shapes = pick_shapes(args.shape, args.sets + (["quick"] if args.quick else []), args.heads)
+    workers = parse_workers(args.flashkda)
     pick_impls(dict.fromkeys(IMPL_NAMES.values()), args.impl)  # names checked before looking for a GPU
     if not torch.cuda.is_available():
         print("kdagen bench needs a GPU", file=sys.stderr)
         return 2
-    rows = run_bench(shapes, args.out_dir, args.impl)
+    rows = run_bench(shapes, args.out_dir, args.impl, workers, args.rep_ms, tuple(args.pipeline))
     print(format_table(rows))
+    print(summary(rows))
     print(f"CSV and plot: {args.out_dir}/bench.csv, {args.out_dir}/bench.png")
     return 0
 

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The peers `python -m kdagen bench` times beside kdagen: FLA's `chunk_kda` and FlashKDA's `fwd`.
+"""The peers `python -m kdagen bench` times beside kdagen: FLA's `chunk_kda` and FlashKDA's `fwd` (upstream
+MoonshotAI 1ce47ea as "flashkda", vLLM's fork as "flashkda-vllm").
 
-Both are optional imports; a missing one is reported once and the benchmark goes on without it. Each
+All are optional imports; a missing one is reported once and the benchmark goes on without it. Each
 peer is a maker like ours: `make(args, chunk_indices, chunk_offsets, out)` converts the benchmark's
 chunk_kda_prefill arguments to what the peer takes (outside the timed region) and returns the callable
 that is timed, which returns (output, final state).
@@ -10,15 +11,18 @@ that is timed, which returns (output, final state).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 Maker = Callable[..., Callable[[], tuple[Any, Any]]]
-FLA, FLASHKDA = "fla-safe-gate", "flashkda"
-PEERS = (FLA, FLASHKDA)
+FLA, FLASHKDA, FORK = "fla-safe-gate", "flashkda", "flashkda-vllm"
+PEERS = (FLA, FLASHKDA, FORK)
+
+
+def is_peer(name: str) -> bool:
+    return name in PEERS
 
 
 def _say(msg: str) -> None:
@@ -35,17 +39,18 @@ def _import(name: str) -> tuple[Any, str | None]:
         return None, f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def peer_impls(say: Callable[[str], None] = _say) -> dict[str, Maker]:
-    """The peers importable here, by name. FlashKDA is imported first: fla-core 0.6.0 hands `chunk_kda`
-    to FlashKDA by itself whenever `flash_kda` is importable and the call qualifies, which would time
-    FlashKDA under FLA's name, so FLA_FLASH_KDA=0 is set before fla is imported."""
+def peer_impls(say: Callable[[str], None] = _say, flashkda: bool = True) -> dict[str, Maker]:
+    """The peers importable here, by name: FLA, and FlashKDA as "flashkda" when `flashkda` (the benchmark
+    passes False when worker processes time the FlashKDA builds). FLA_FLASH_KDA=0 is set before fla is
+    imported: fla-core 0.6.0 hands `chunk_kda` to FlashKDA by itself whenever `flash_kda` is importable and
+    the call qualifies, which would time FlashKDA under FLA's name."""
     impls: dict[str, Maker] = {}
-    fk, why = _import("flash_kda")
-    if fk is None:
-        say(f"FlashKDA: not importable ({why})")
-    elif importlib.util.find_spec("fla") is not None:
-        os.environ["FLA_FLASH_KDA"] = "0"
-        say("FLA_FLASH_KDA=0 set: flash_kda is importable, and fla-core would hand chunk_kda to it")
+    fk = None
+    if flashkda:
+        fk, why = _import("flash_kda")
+        if fk is None:
+            say(f"FlashKDA: not importable ({why})")
+    os.environ["FLA_FLASH_KDA"] = "0"
     fla_kda, why = _import("fla.ops.kda")
     if fla_kda is None:
         say(f"FLA: not importable ({why})")
@@ -74,7 +79,8 @@ def fla_maker(chunk_kda: Callable) -> Maker:
 def flashkda_inputs(args: dict) -> dict:
     """FlashKDA's `fwd` arguments for the benchmark's chunk_kda_prefill arguments.
 
-    How its options map onto our safe-gate workload (flash_kda.fwd at 1ce47ea, chunk 16, sm_90a):
+    How its options map onto our safe-gate workload (flash_kda.fwd at 1ce47ea and vLLM's fork 6121c37, which
+    takes the same arguments plus an optional workspace and segment_ids; chunk 16, sm_90a):
     - g is the raw gate; it computes lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) in kernel, our
       safe gate (lower_bound given), with dt_bias shaped [H, K] where we take g_bias flat [H * K];
     - beta is the raw logit, sigmoid in kernel; q and k are L2-normalised in kernel (eps 1e-6 under the

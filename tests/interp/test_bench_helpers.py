@@ -155,22 +155,24 @@ class _Timed:
         return self.fn()
 
 
-def test_run_bench_times_flashkda_beside_ours_with_errors_and_ratios(monkeypatch, tmp_path):
+def test_run_bench_times_flashkda_beside_ours_with_errors_ratios_and_pipeline(monkeypatch, tmp_path):
     import triton.testing
 
     from kdagen import bench
     from kdagen.bench_peers import flashkda_maker
+    from kdagen.bench_shapes import Shape, equal
 
     def ours(args, ci, co, out):
         return _Timed(lambda: kdagen_kernels.chunk_kda_prefill(**args, chunk_indices=ci, chunk_offsets=co, out=out),
                       1.0)
 
-    def flashkda(args, ci, co, out):
+    def fork(args, ci, co, out):
         return _Timed(flashkda_maker(_flashkda_fwd_float64([]))(args, ci, co, out), 2.5)
 
-    monkeypatch.setattr(bench, "implementations", lambda: {"kdagen-triton": ours, "flashkda": flashkda})
-    monkeypatch.setattr(bench, "shape_inputs", lambda H, T, N, seed=0: make_inputs(H, equal_lens(T, N), seed=seed,
-                                                                              device="cpu"))
+    monkeypatch.setattr(bench, "implementations", lambda include_peers=True: {"kdagen-triton": ours})
+    monkeypatch.setattr(bench, "peer_impls", lambda flashkda=True: {"flashkda-vllm": fork})
+    real_make = bench.make_inputs
+    monkeypatch.setattr(bench, "make_inputs", lambda H, lens, seed=0: real_make(H, lens, seed=seed, device="cpu"))
     monkeypatch.setattr(bench, "CHECK_SHAPE", (2, 40, 2))
     monkeypatch.setattr(bench, "REF_MAX_TOKEN_HEADS", 100)  # the second shape takes the check shape's errors
     monkeypatch.setattr(bench, "_ceilings", lambda: (4e12, 6e14))
@@ -178,14 +180,19 @@ def test_run_bench_times_flashkda_beside_ours_with_errors_and_ratios(monkeypatch
     monkeypatch.setattr(bench, "host_us", lambda fn, sync: 5.0)  # 30 interpreted calls per row otherwise
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, **kw: fn.ms)
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: fn.ms + 0.1)
-    rows = bench.run_bench([(2, 48, 2), (2, 64, 1)], tmp_path)
-    assert [(r["impl"], r["T"]) for r in rows] == [("kdagen-triton", 48), ("flashkda", 48),
-                                                   ("kdagen-triton", 64), ("flashkda", 64)]
+    rows = bench.run_bench([Shape(2, (5, 43), "ragged"), equal(2, 64, 1, "standard")], tmp_path)
+    assert [(r["impl"], r["T"], r["set"], r["max_len"]) for r in rows] == [
+        ("kdagen-triton", 48, "ragged", 43), ("flashkda-vllm", 48, "ragged", 43),
+        ("kdagen-triton", 64, "standard", 64), ("flashkda-vllm", 64, "standard", 64)]
     assert [r["err_at"] for r in rows] == ["own", "own", "2:40:2", "2:40:2"]
     # Each implementation's own errors: ours in bf16 on chunks of 64, the fake FlashKDA in float64.
     assert all(r["err_o"] < 1e-2 and r["err_s"] < 1e-2 for r in rows)
     assert rows[1]["err_s"] < 1e-7 < rows[0]["err_s"]
-    assert {r["best_peer"] for r in rows} == {"flashkda"} and rows[0]["vs_best_peer"] == 2.5
+    assert {r["best_peer"] for r in rows} == {"flashkda-vllm"} and rows[0]["vs_best_peer"] == 2.5
+    assert rows[0]["vs_fork"] == 2.5 and rows[1]["vs_fork"] == 1.0
     assert rows[0]["gpu_ms"] == 1.0 and rows[0]["eager_ms"] == 1.1 and rows[0]["host_us"] == 5.0
-    assert (tmp_path / "bench.csv").read_text().splitlines()[0].split(",")[-3:] == \
-        ["best_peer", "best_peer_ms", "vs_best_peer"]
+    assert rows[0]["timing"] == "graph" and rows[1]["pipeline"] == ""
+    assert "+" in rows[0]["pipeline"]  # "<chunk>+<walk>, N groups" from plan.describe()
+    assert not rows[0]["pipeline"].startswith("describe failed")
+    head = (tmp_path / "bench.csv").read_text().splitlines()[0].split(",")
+    assert head[-4:] == ["best_peer", "best_peer_ms", "vs_best_peer", "vs_fork"] and "pipeline" in head

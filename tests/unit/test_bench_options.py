@@ -13,44 +13,105 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdagen.bench import QUICK, SHAPES, pick_impls, pick_shapes, ref_fits
+from kdagen.bench import floor_ms, parse_workers, pick_impls, ref_fits
 from kdagen.bench_peers import flashkda_inputs, peer_impls
-from kdagen.bench_report import add_peer_ratios, format_table
+from kdagen.bench_report import add_peer_ratios, format_table, kdagen_vs_fork, summary
+from kdagen.bench_shapes import (QUICK, RAGGED, SERVING, SERVING_HEADS, STANDARD, TP, Shape, equal, pick_shapes,
+                                 ragged_lens, serving_shapes)
+from kdagen.bench_worker import Worker
 from kdagen.cli import main
 
 
-def test_shapes_default_quick_heads_and_explicit():
-    assert pick_shapes([], False, "") == SHAPES and len(SHAPES) == 15
-    assert pick_shapes([], True, "") == QUICK
-    assert pick_shapes([], False, "12,96") == [s for s in SHAPES if s[0] in (12, 96)]
-    assert pick_shapes(["8:1024:2"], False, "12") == [(8, 1024, 2)]  # an explicit shape states its heads
+def test_shapes_default_sets_heads_and_explicit():
+    assert pick_shapes([], [], "") == STANDARD + SERVING and len(STANDARD) == 15 and len(SERVING) >= 30
+    assert pick_shapes([], ["quick"], "") == QUICK
+    assert pick_shapes([], ["standard"], "12,96") == [s for s in STANDARD if s.H in (12, 96)]
+    assert pick_shapes([], ["ragged", "tp"], "") == RAGGED + TP
+    assert pick_shapes(["8:1024:2"], ["standard"], "12") == [equal(8, 1024, 2)]  # an explicit shape states its heads
+    assert pick_shapes(["8:100,3000,17"], [], "") == [Shape(8, (100, 3000, 17), "custom")]
 
 
-@pytest.mark.parametrize("shape,heads,msg", [
-    (["12:4096"], "", "H:T:N with 1 <= N <= T"),
-    (["12:16:32"], "", "H:T:N with 1 <= N <= T"),
-    (["a:b:c"], "", "expected integers"),
-    ([], "7", r"no shape has H in \[7\]; the heads there are \[12, 32, 96\]"),
-    ([], "x", "expected integers"),
+def test_standard_shapes_are_performance_md_fifteen():
+    assert [(s.H, s.T, s.N) for s in STANDARD] == [
+        (h, t, n) for h in (12, 32, 96) for (t, n) in ((4096, 1), (16384, 1), (65536, 1), (16384, 16), (65536, 64))]
+    assert all(not s.ragged and s.lens == tuple([s.T // s.N] * s.N) for s in STANDARD)
+
+
+def test_serving_set_is_fixed_ragged_and_within_its_ranges():
+    assert serving_shapes() == SERVING  # the fixed generator: the same list on every call
+    # Pinned: a change to the generator or the draw order changes every serving-set figure ever reported.
+    assert SERVING[0] == Shape(12, (56, 282), "serving") and SERVING[1].H == 128 and SERVING[1].T == 18947
+    for s in SERVING:
+        assert s.H in SERVING_HEADS and 256 <= s.T <= 131072 and 1 <= s.N <= 256, s
+        assert min(s.lens) >= 1 and sum(s.lens) == s.T and list(s.lens) == sorted(s.lens)
+    assert len({s.H for s in SERVING}) >= 6 and sum(s.ragged for s in SERVING) >= 25
+    assert serving_shapes(seed=1) != SERVING
+
+
+def test_tp_and_ragged_sets():
+    assert sorted({s.H for s in TP}) == [4, 8, 16] and all(s.N >= 64 and s.ragged for s in TP)
+    assert all(s.ragged for s in RAGGED) and {s.H for s in RAGGED} <= {12, 32, 96}
+
+
+def test_ragged_lens_sum_to_t_with_the_longest_last():
+    import random
+
+    for T, N in ((256, 1), (300, 299), (131072, 256), (1000, 1000)):
+        lens = ragged_lens(T, N, random.Random(T + N))
+        assert len(lens) == N and sum(lens) == T and min(lens) >= 1 and lens[-1] == max(lens)
+    with pytest.raises(ValueError, match="need 1 <= N <= T"):
+        ragged_lens(4, 5, random.Random(0))
+
+
+@pytest.mark.parametrize("shape,sets,heads,msg", [
+    (["12"], [], "", "expected integers as H:T:N"),
+    (["12:4096:1:1"], [], "", "expected integers as H:T:N"),
+    (["12:16:32"], [], "", "H:T:N wants 1 <= N <= T"),
+    (["12:5,0"], [], "", "every length and H must be >= 1"),
+    (["a:b:c"], [], "", "expected integers"),
+    ([], ["standard"], "7", r"no shape of the sets standard has H in \[7\]; the heads there are \[12, 32, 96\]"),
+    ([], [], "x", "expected integers"),
+    ([], ["nope"], "", "--set 'nope': choose from standard, ragged, tp, serving, quick"),
 ])
-def test_bad_shapes_say_what_is_wrong(shape, heads, msg):
+def test_bad_shapes_say_what_is_wrong(shape, sets, heads, msg):
     with pytest.raises(SystemExit, match=msg):
-        pick_shapes(shape, False, heads)
+        pick_shapes(shape, sets, heads)
 
 
 def test_impls_by_short_or_full_name():
-    avail = {"kdagen-triton": 1, "kdagen-fused": 2}
-    assert pick_impls(avail, []) == avail
+    avail = {"kdagen-triton": 1, "kdagen-fused": 2, "kdagen-triton-pair": 5}
+    assert pick_impls(avail, []) == {"kdagen-triton": 1, "kdagen-fused": 2}  # the pair A/B only when named
+    assert pick_impls(avail, ["triton-pair"]) == {"kdagen-triton-pair": 5}
     assert pick_impls(avail, ["triton"]) == {"kdagen-triton": 1}
     assert pick_impls(avail, ["kdagen-fused", "triton"]) == {"kdagen-fused": 2, "kdagen-triton": 1}
     with pytest.raises(SystemExit, match="fla-safe-gate is not available here"):
         pick_impls(avail, ["fla"])
     with pytest.raises(SystemExit, match="flashkda is not available here"):
         pick_impls(avail, ["flashkda"])
-    with pytest.raises(SystemExit, match="choose from triton, triton-pair, fused, fla, flashkda"):
+    with pytest.raises(SystemExit, match="choose from triton, triton-pair, fused, fla, flashkda, flashkda-vllm"):
         pick_impls(avail, ["flash"])
-    peers = {"fla-safe-gate": 3, "flashkda": 4}
+    peers = {"fla-safe-gate": 3, "flashkda": 4, "flashkda-vllm": 6}
     assert pick_impls(peers, ["flashkda", "fla"]) == {"flashkda": 4, "fla-safe-gate": 3}
+    assert pick_impls(peers, ["flashkda-vllm"]) == {"flashkda-vllm": 6}
+
+
+def test_flashkda_workers_name_a_build_folder(tmp_path):
+    (tmp_path / "flash_kda").mkdir()
+    (tmp_path / "flash_kda" / "__init__.py").write_text("")
+    assert parse_workers([f"flashkda-vllm={tmp_path}", f"flashkda={tmp_path}"]) == {
+        "flashkda-vllm": tmp_path.resolve(), "flashkda": tmp_path.resolve()}
+    with pytest.raises(SystemExit, match="expected NAME=DIR with NAME flashkda"):
+        parse_workers([f"fork={tmp_path}"])
+    with pytest.raises(SystemExit, match="no flash_kda/__init__.py under"):
+        parse_workers([f"flashkda=/nonexistent"])
+
+
+def test_a_worker_that_cannot_import_its_build_is_skipped_with_the_reason(tmp_path, capsys):
+    (tmp_path / "flash_kda").mkdir()
+    (tmp_path / "flash_kda" / "__init__.py").write_text("raise ImportError('_C.abi3.so: undefined symbol: x')\n")
+    assert Worker.start("flashkda-vllm", tmp_path) is None
+    assert "flashkda-vllm: flash_kda not importable: ImportError: _C.abi3.so: undefined symbol: x; not timing it" \
+        in capsys.readouterr().err
 
 
 def test_cli_checks_options_before_looking_for_a_gpu(capsys):
@@ -60,6 +121,10 @@ def test_cli_checks_options_before_looking_for_a_gpu(capsys):
     assert "needs a GPU" in capsys.readouterr().err
     assert main(["bench", "--impl", "triton", "--impl", "fla", "--impl", "flashkda", "--quick"]) == 2
     assert "needs a GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--set 'x': choose from"):
+        main(["bench", "--set", "x"])
+    with pytest.raises(SystemExit, match="expected NAME=DIR"):
+        main(["bench", "--flashkda", "nope"])
 
 
 def test_host_time_drains_the_device_before_each_sample_and_takes_the_median():
@@ -79,9 +144,10 @@ def test_host_time_drains_the_device_before_each_sample_and_takes_the_median():
     assert 1000 <= us < 2500
 
 
-def _row(impl, gpu_ms, err_at="own"):
-    return dict(impl=impl, H=12, T=4096, N=1, gpu_ms=gpu_ms, eager_ms=0.355, host_us=98.4, floor_ms=0.015,
-                mtok_s=15.1, pct_floor=5.6, err_o=3.1e-3, err_s=2.0e-6, err_at=err_at)
+def _row(impl, gpu_ms, err_at="own", timing="graph", pipeline=""):
+    return dict(impl=impl, set="standard", H=12, T=4096, N=1, max_len=4096, gpu_ms=gpu_ms, eager_ms=0.355,
+                host_us=98.4, timing=timing, floor_ms=0.015, mtok_s=15.1, pct_floor=5.6, err_o=3.1e-3, err_s=2.0e-6,
+                err_at=err_at, pipeline=pipeline)
 
 
 def test_best_peer_is_the_fastest_peer_that_ran_and_ratios_are_peer_over_ours():
@@ -95,23 +161,48 @@ def test_best_peer_is_the_fastest_peer_that_ran_and_ratios_are_peer_over_ours():
     no_peer = [_row("kdagen-triton", 0.5)]
     add_peer_ratios(no_peer)
     assert no_peer[0]["best_peer"] == "" and math.isnan(no_peer[0]["vs_best_peer"])
+    assert math.isnan(no_peer[0]["vs_fork"]) and math.isnan(kdagen_vs_fork(no_peer))
 
 
-def test_table_shows_host_time_errors_and_the_ratio_to_the_best_peer():
-    rows = [_row("kdagen-triton", 0.5), _row("flashkda", 0.8, err_at="4:1000:3")]
+def test_fork_ratio_is_fork_over_each_row_and_over_the_fastest_kdagen():
+    rows = [_row("kdagen-triton", 0.5), _row("kdagen-fused", 0.4), _row("flashkda-vllm", 0.6), _row("flashkda", 0.9)]
+    add_peer_ratios(rows)
+    assert {r["best_peer"] for r in rows} == {"flashkda-vllm"}  # the fork is a peer like the others
+    assert [r["vs_fork"] for r in rows] == pytest.approx([1.2, 1.5, 1.0, 0.6 / 0.9])
+    assert kdagen_vs_fork(rows) == pytest.approx(1.5)  # the fused path is the fastest kdagen here
+    text = summary(rows)
+    assert "kdagen-fused" in text.splitlines()[1] and "1.50" in text.splitlines()[1]
+    assert text.splitlines()[-1] == "fastest kdagen / fork over 1 shapes: 1.500x .. 1.500x (fork ms / kdagen ms; " \
+                                    "> 1: kdagen faster)"
+
+
+def test_table_shows_host_time_errors_pipeline_and_the_ratios():
+    rows = [_row("kdagen-triton", 0.5, pipeline="intra+walk groups=2"), _row("flashkda-vllm", 0.8, err_at="4:1000:3",
+                                                                        timing="eager")]
     add_peer_ratios(rows)
     head, ours, peer, note = format_table(rows).splitlines()
-    assert "host us" in head and "err o" in head and "err s" in head and "best peer" in head and "peer/x" in head
-    assert "98.4" in ours and "3.1e-03 " in ours and "flashkda" in ours and ours.endswith("1.60")
+    for col in ("set", "maxlen", "host us", "err o", "err s", "best peer", "peer/x", "fork/x", "pipeline"):
+        assert col in head, col
+    assert "98.4" in ours and "3.1e-03 " in ours and "flashkda-vllm" in ours
+    assert ours.endswith("1.60   1.60  intra+walk groups=2") and "   0.500  " in ours
     assert "3.1e-03*" in peer and "2.0e-06*" in peer  # measured on the check shape, as the note says
+    assert "   0.800e " in peer  # timed eagerly: marked
     assert note.startswith("* error on the check shape H:T:N = 4:1000:3")
 
 
 def test_reference_is_run_only_where_it_fits():
-    assert ref_fits(12, 65536, 64) and ref_fits(32, 65536, 64) and ref_fits(96, 16384, 1)
-    assert not ref_fits(12, 65536, 1)  # one 65,536-token walk
-    assert not ref_fits(96, 65536, 64)  # 6.3 M token-heads
-    assert sum(ref_fits(*s) for s in SHAPES) == 11
+    assert ref_fits(12, [1024] * 64) and ref_fits(32, [1024] * 64) and ref_fits(96, [16384])
+    assert not ref_fits(12, [65536])  # one 65,536-token walk
+    assert not ref_fits(96, [1024] * 64)  # 6.3 M token-heads
+    assert not ref_fits(4, [100, 20000])  # the longest sequence bounds the walk
+    assert sum(ref_fits(s.H, s.lens) for s in STANDARD) == 11
+
+
+def test_floor_counts_token_bytes_state_bytes_and_flops():
+    s = Shape(4, (1000, 24), "custom")
+    # bytes: 1282 per token-head + 128 KiB per (sequence, head); FLOPs: 181,589 per token-head.
+    assert floor_ms(s, 1e12, 1e30) == pytest.approx(1e3 * (1282 * 1024 * 4 + 131072 * 2 * 4) / 1e12)
+    assert floor_ms(s, 1e30, 1e12) == pytest.approx(1e3 * 181589 * 1024 * 4 / 1e12)
 
 
 @pytest.fixture
@@ -133,27 +224,32 @@ def _package(root: Path, dotted: str, body: str) -> None:
     (d / "__init__.py").write_text(body)
 
 
+def _fake_fla(root: Path) -> None:
+    _package(root, "fla", "")
+    _package(root, "fla.ops", "")
+    _package(root, "fla.ops.kda", "import os\nSEEN = os.environ.get('FLA_FLASH_KDA')\ndef chunk_kda(**kw):\n    pass\n")
+
+
 def test_both_peers_importable_sets_fla_flash_kda_before_fla_is_imported(fake_peers, monkeypatch):
     _package(fake_peers, "flash_kda", "def fwd(*a, **kw):\n    pass\n")
-    _package(fake_peers, "fla", "")
-    _package(fake_peers, "fla.ops", "")
-    _package(fake_peers, "fla.ops.kda", "import os\nSEEN = os.environ.get('FLA_FLASH_KDA')\n"
-                                        "def chunk_kda(**kw):\n    pass\n")
+    _fake_fla(fake_peers)
     said = []
     impls = peer_impls(said.append)
     assert set(impls) == {"fla-safe-gate", "flashkda"}
-    assert sys.modules["fla.ops.kda"].SEEN == "0" and os.environ["FLA_FLASH_KDA"] == "0"
-    assert said == ["FLA_FLASH_KDA=0 set: flash_kda is importable, and fla-core would hand chunk_kda to it"]
+    assert sys.modules["fla.ops.kda"].SEEN == "0" and os.environ["FLA_FLASH_KDA"] == "0" and said == []
 
 
-def test_fla_alone_leaves_fla_flash_kda_unset(fake_peers):
-    _package(fake_peers, "fla.ops.kda", "def chunk_kda(**kw):\n    pass\n")
-    _package(fake_peers, "fla", "")
-    _package(fake_peers, "fla.ops", "")
+def test_fla_is_imported_with_fla_flash_kda_0_also_without_flash_kda_here(fake_peers):
+    # With worker processes timing the FlashKDA builds this process imports none, and fla must still not
+    # reach for one that some other path could provide.
+    _fake_fla(fake_peers)
     said = []
     assert set(peer_impls(said.append)) == {"fla-safe-gate"}
-    assert "FLA_FLASH_KDA" not in os.environ
+    assert sys.modules["fla.ops.kda"].SEEN == "0"
     assert said == ["FlashKDA: not importable (ModuleNotFoundError: No module named 'flash_kda')"]
+    del sys.modules["fla.ops.kda"]
+    said.clear()
+    assert set(peer_impls(said.append, flashkda=False)) == {"fla-safe-gate"} and said == []
 
 
 def test_a_broken_peer_is_reported_once_with_its_reason(fake_peers, monkeypatch):
@@ -163,7 +259,6 @@ def test_a_broken_peer_is_reported_once_with_its_reason(fake_peers, monkeypatch)
     assert peer_impls(said.append) == {}
     assert said[0] == "FlashKDA: not importable (ImportError: flash_kda_C.so: undefined symbol: _ZN3c10)"
     assert len(said) == 2 and said[1].startswith("FLA: not importable (ModuleNotFoundError: ")
-    assert "FLA_FLASH_KDA" not in os.environ
 
 
 def _args(H=2, lens=(5, 11), K=128, V=128, dtype=torch.bfloat16, **over):
@@ -208,3 +303,20 @@ def test_flashkda_inputs_have_its_layouts_and_dtypes():
 def test_flashkda_inputs_reject_what_flashkda_cannot_compute(over, msg):
     with pytest.raises(ValueError, match=f"no FlashKDA form: {msg}"):
         flashkda_inputs(_args(**over))
+
+
+def test_pipeline_column_is_the_plans_pipeline_line_or_na(monkeypatch):
+    from types import SimpleNamespace
+
+    from kdagen import bench
+
+    asked = []
+    text = "kdagen plan on cuda: v\n  batch: B=1\n  pipeline: hip_intra+hip_walk, 1 group\n  why: fits"
+    monkeypatch.setattr(bench, "_plan", lambda a, ci, co, **kw: asked.append(kw) or SimpleNamespace(
+        describe=lambda: text))
+    assert bench.pipeline_of("kdagen-fused", {}, None, None) == "hip_intra+hip_walk, 1 group"
+    assert bench.pipeline_of("kdagen-triton_pair+triton_walk", {}, None, None) == "hip_intra+hip_walk, 1 group"
+    assert asked == [{"use_fused_chunk": True}, {"pipeline": "triton_pair+triton_walk"}]
+    assert bench.pipeline_of("flashkda-vllm", {}, None, None) == ""
+    monkeypatch.setattr(bench, "_plan", lambda a, ci, co, **kw: SimpleNamespace())  # a kdagen without describe()
+    assert bench.pipeline_of("kdagen-triton", {}, None, None) == "n/a"

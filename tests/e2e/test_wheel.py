@@ -36,7 +36,9 @@ CHILD = textwrap.dedent("""
 
     # Nothing may resolve to the checkout: not an editable install's finder, not a path inside it.
     sys.meta_path[:] = [NoGenerator()] + [f for f in sys.meta_path if "editable" not in repr(f)]
-    sys.path[:] = [site] + [p for p in sys.path if "editable" not in p and not p.startswith(root)]
+    # (A virtual environment may itself live inside the checkout, as nox's .nox/ does: keep site-packages.)
+    sys.path[:] = [site] + [p for p in sys.path if "editable" not in p
+                            and (not p.startswith(root) or "site-packages" in p)]
     import torch
     import kdagen, kdagen_kernels as kk
     from pathlib import Path

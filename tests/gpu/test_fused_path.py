@@ -125,9 +125,12 @@ def _last_plan(registry):
 
 
 def test_can_use_fused_on_this_device():
-    assert kdagen_kernels.can_use_fused_kda_chunk(128, 128, BF16, 64)
-    assert kdagen_kernels.can_use_fused_kda_chunk(128, 256, BF16, 64)
-    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.float16, 64)
+    dtypes = {"bf16": BF16, "fp16": torch.float16}
+    for e in kdagen_kernels.VARIANTS:
+        if e.backend == "hip":
+            assert kdagen_kernels.can_use_fused_kda_chunk(e.head_dim_k, e.head_dim_v, dtypes[e.dtype], 64), e.name
+    assert not kdagen_kernels.can_use_fused_kda_chunk(64, 64, torch.float16, 64)  # no such hip variant
+    assert not kdagen_kernels.can_use_fused_kda_chunk(128, 128, BF16, 32)
 
 
 @pytest.mark.parametrize("K,V,lens", [(128, 128, L) for L in SEQLENS] + [(128, 256, [513, 64, 1, 200])],

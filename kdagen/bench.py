@@ -108,15 +108,10 @@ def make_inputs(H: int, lens: list[int], K: int = 128, V: int = 128, dtype: str 
 
 
 def _plan(args: dict, ci, co, **extra):
-    """plan_kda_prefill for the benchmark's batch; `extra` only where this kdagen takes it (pipeline= is new:
-    a plan function without it gets the call without it)."""
-    import inspect
-
+    """plan_kda_prefill for the benchmark's batch, with a row's plan options (`_plan_extra`)."""
     import kdagen_kernels
 
     cu, q, v = args["cu_seqlens"], args["q"], args["v"]
-    params = inspect.signature(kdagen_kernels.plan_kda_prefill).parameters
-    extra = {k: x for k, x in extra.items() if k in params}
     return kdagen_kernels.plan_kda_prefill(
         cu, cu.cpu(), num_heads=q.shape[2], head_dim_k=q.shape[3], head_dim_v=v.shape[3], dtype=q.dtype,
         lower_bound=args["lower_bound"], has_g_bias=args["g_bias"] is not None,
@@ -137,30 +132,16 @@ def _plan_extra(name: str) -> dict:
 
 
 def pipeline_of(name: str, args: dict, ci, co) -> str:
-    """What a kdagen row ran: the "pipeline:" line of plan.describe() (its stages and group count) where this
-    kdagen has that method, "n/a" otherwise; a peer: ""."""
+    """What a kdagen row ran: the "pipeline:" line of plan.describe() (its stages and group count); a peer: ""."""
     if not name.startswith("kdagen"):
         return ""
-    try:
-        describe = getattr(_plan(args, ci, co, **_plan_extra(name)), "describe", None)
-        if describe is None:
-            return "n/a"
-        text = str(describe())
-        line = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("pipeline:")), None)
-        return line.removeprefix("pipeline:").strip() if line else " ".join(text.split())
-    except Exception as exc:  # a description must never stop the timing
-        return f"describe failed: {type(exc).__name__}"
+    text = _plan(args, ci, co, **_plan_extra(name)).describe()
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("pipeline:")), None)
+    return line.removeprefix("pipeline:").strip() if line else " ".join(text.split())
 
 
 def pipeline_maker(pipeline: str):
     """A kdagen row running the named pipeline ("<chunk>+<walk>") through plan_kda_prefill(pipeline=...)."""
-    import inspect
-
-    import kdagen_kernels
-
-    if "pipeline" not in inspect.signature(kdagen_kernels.plan_kda_prefill).parameters:
-        raise SystemExit(f"kdagen bench: --pipeline {pipeline!r}: this kdagen's plan_kda_prefill takes no pipeline=")
-
     def make(args, ci, co, out):
         plan = _plan(args, ci, co, pipeline=pipeline)
         return lambda: plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"],

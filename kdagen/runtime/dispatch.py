@@ -65,7 +65,7 @@ class _Cached:
         self.by_value = tuple((t, st) for t, st in stamps if isinstance(st, torch.Tensor))
         # A plan that cannot refresh (it built chunk metadata from cu_seqlens itself) re-plans on such a tensor.
         self.refresh = any(st is _REFRESH for _, st in stamps)
-        if self.refresh and not getattr(plan, "refreshable", False):
+        if self.refresh and not plan.refreshable:
             self.key = None
 
     def hit(self, key: tuple, meta: tuple) -> bool:

@@ -193,6 +193,5 @@ def test_run_bench_times_flashkda_beside_ours_with_errors_ratios_and_pipeline(mo
     assert rows[0]["gpu_ms"] == 1.0 and rows[0]["eager_ms"] == 1.1 and rows[0]["host_us"] == 5.0
     assert rows[0]["timing"] == "graph" and rows[1]["pipeline"] == ""
     assert "+" in rows[0]["pipeline"]  # "<chunk>+<walk>, N groups" from plan.describe()
-    assert not rows[0]["pipeline"].startswith("describe failed")
     head = (tmp_path / "bench.csv").read_text().splitlines()[0].split(",")
     assert head[-4:] == ["best_peer", "best_peer_ms", "vs_best_peer", "vs_fork"] and "pipeline" in head

@@ -305,7 +305,7 @@ def test_flashkda_inputs_reject_what_flashkda_cannot_compute(over, msg):
         flashkda_inputs(_args(**over))
 
 
-def test_pipeline_column_is_the_plans_pipeline_line_or_na(monkeypatch):
+def test_pipeline_column_is_the_plans_pipeline_line(monkeypatch):
     from types import SimpleNamespace
 
     from kdagen import bench
@@ -318,5 +318,3 @@ def test_pipeline_column_is_the_plans_pipeline_line_or_na(monkeypatch):
     assert bench.pipeline_of("kdagen-triton_pair+triton_walk", {}, None, None) == "hip_intra+hip_walk, 1 group"
     assert asked == [{"use_fused_chunk": True}, {"pipeline": "triton_pair+triton_walk"}]
     assert bench.pipeline_of("flashkda-vllm", {}, None, None) == ""
-    monkeypatch.setattr(bench, "_plan", lambda a, ci, co, **kw: SimpleNamespace())  # a kdagen without describe()
-    assert bench.pipeline_of("kdagen-triton", {}, None, None) == "n/a"

@@ -89,10 +89,10 @@ def can_use_fused(variants: tuple[VariantEntry, ...], head_dim_k: int, head_dim_
     if target is None:
         return False
     entry = fused_variant(variants, head_dim_k, head_dim_v, dtype, chunk_size, target)
-    return entry is not None and _compiler_present(entry, target)
+    return entry is not None and _toolchain_present(entry, target)
 
 
-def _compiler_present(entry: VariantEntry, target: str) -> bool:
+def _toolchain_present(entry: VariantEntry, target: str) -> bool:
     if (entry.name, target) in _fused_libs:
         return True
     if (entry.name, target) in _no_compiler:
@@ -101,7 +101,20 @@ def _compiler_present(entry: VariantEntry, target: str) -> bool:
         jit_hip.find_compiler(target)
     except jit_hip.CompilerNotFoundError:
         return False
-    return True
+    return _sources_installed(entry, target)
+
+
+def _sources_installed(entry: VariantEntry, target: str) -> bool:
+    """The variant's generated .hip source and its include/ folder are installed (a wheel without them falls
+    back to Triton: can_use_fused answers as the call would run)."""
+    import importlib
+    from pathlib import Path
+
+    from .fused_path import source_path
+
+    package = Path(importlib.import_module(entry.module).__file__).parent
+    src = source_path(package, entry.head_dim_k, entry.head_dim_v, target, entry.dtype)
+    return src.is_file() and (src.parent / "include").is_dir()
 
 
 def built_library(entry: VariantEntry, target: str) -> tuple[jit_hip.HipLibrary | None, str | None]:

@@ -41,3 +41,14 @@ def test_missing_hip_source_falls_back_with_one_warning(entry_without_sources, t
         f"the generated HIP source of {NAME} is not installed ({source} is missing): reinstall kdagen from a "
         "wheel or checkout that ships kdagen_kernels/hip/*.hip and hip/include/*.h, or run `nox -s generate` "
         "in a checkout. Running the Triton path instead (same results; this warning is shown once per process).")
+
+
+def test_can_use_fused_is_false_without_the_sources(entry_without_sources, monkeypatch):
+    """can_use_fused_kda_chunk answers as the call would run: a found compiler without the installed sources is
+    the Triton path, so False; with the sources (the checkout's package) True."""
+    from kdagen.runtime import jit_hip
+
+    monkeypatch.setattr(jit_hip, "find_compiler", lambda target: jit_hip.Compiler("nvcc", "/fake/nvcc"))
+    assert not fused_choice._toolchain_present(entry_without_sources, "sm_90")
+    shipped = VariantEntry(**{**entry_without_sources.__dict__, "module": "kdagen_kernels"})
+    assert fused_choice._toolchain_present(shipped, "sm_90")

@@ -313,14 +313,20 @@ def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = Non
     rows = []
     try:
         for i, shape in enumerate(shapes):
+            t_shape = time.perf_counter()
             args, ci, co = make_inputs(shape.H, list(shape.lens))
             out = torch.empty_like(args["v"])
             ref = chunk_kda_prefill_reference(**args) if ref_fits(shape.H, shape.lens) else None
             floor = floor_ms(shape, bw, flops)
+            # seconds of the reference, of each implementation's first call here (compile, autotune), and all of
+            # a worker's request: where a long run's time goes
+            setup = {"reference": time.perf_counter() - t_shape}
             shape_rows = []
             for name, make in impls.items():
+                t_impl = time.perf_counter()
                 if name in pool:
                     timed, got = make.time(shape, rep_ms, dump=ref is not None)
+                    setup[name] = time.perf_counter() - t_impl
                     if timed is None:
                         continue
                     errs, at = ((rel_l2(got[0], ref[0]), rel_l2(got[1], ref[1])), "own") if got else \
@@ -331,6 +337,7 @@ def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = Non
                 out.fill_(float("nan"))
                 o, s = fn()  # compile / autotune outside the graph; this call's results are checked
                 torch.cuda.synchronize()
+                setup[name] = time.perf_counter() - t_impl
                 errs, at = ((rel_l2(o, ref[0]), rel_l2(s, ref[1])), "own") if ref is not None else \
                     (check_errs[name], chk)
                 del o, s
@@ -341,7 +348,9 @@ def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = Non
             add_peer_ratios(shape_rows)
             rows += shape_rows
             # Progress, with this shape's rows, and the CSV so far: a long run that is cut short keeps them.
-            print(f"[{i + 1}/{len(shapes)}] {shape.set} H:T:N {shape.label()}\n"
+            spent = ", ".join(f"{k} {v:.1f}" for k, v in setup.items())
+            print(f"[{i + 1}/{len(shapes)}] {shape.set} H:T:N {shape.label()} in {time.perf_counter() - t_shape:.1f} s "
+                  f"(first call s: {spent})\n"
                   + format_table(shape_rows).split("\n", 1)[1], file=sys.stderr, flush=True)
             out_dir.mkdir(parents=True, exist_ok=True)
             write_csv(rows, out_dir / "bench.csv")

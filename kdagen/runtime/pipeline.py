@@ -173,14 +173,15 @@ def stage_limits(chunk: str, walk: str, work: Work, target: Target, groups: int 
 
 
 def choose_pipeline(work: Work, target: Target, *, pipeline: str | None = None,
-                    groups: int | None = None) -> Pipeline:
+                    groups: int | None = None, rules: Rules | None = None) -> Pipeline:
     """The stages, group count and launch knobs of a plan, and why (Note [Pipelines]). `pipeline`: None /
-    "auto" or "<chunk>+<walk>"; `groups`: a forced group count of the walk, None for the cost model's."""
+    "auto" or "<chunk>+<walk>"; `groups`: a forced group count of the walk, None for the cost model's; `rules`:
+    the target's RULES unless given (tools/pipeline_fit.py replays the choice under candidate parameters)."""
     if groups is not None and not (isinstance(groups, int) and not isinstance(groups, bool)
                                    and 1 <= groups <= MAX_FORCED_GROUPS):
         raise ValueError(f"groups must be an int in 1..{MAX_FORCED_GROUPS} (1 = the plain walk; more groups "
                          f"than chunks only adds empty ones) or None, got {groups!r}")
-    rules = rules_for(target.name)
+    rules = rules if rules is not None else rules_for(target.name)
     asked = parse_pipeline(pipeline)
     if asked is not None:
         chunk, walk = asked

@@ -4,7 +4,9 @@ shapes, and check them on shapes the fit did not see (docs/performance-model.md,
 
 Usage:
   (GPU)  PYTHONPATH=.:generated python3 tools/pipeline_fit.py sweep --shapes 40 --seed 1 --out sweep.jsonl
-  (CPU)  python3 tools/pipeline_fit.py fit sweep.jsonl [--holdout 0.3] [--seed 0]
+  (CPU)  python3 tools/pipeline_fit.py fit sweep.jsonl[.gz] [--holdout 0.3] [--seed 0] [--free NAME,...]
+
+The H200 sweep RULES was fitted on is docs/data/pipeline-sweep-h200-2026-12-03.jsonl.gz (60 batches, seed 1).
 
 `sweep` draws shapes (H 1-128, N 1-256, T 256-131072, ragged lengths: log-uniform draws), builds each batch's
 plan once per candidate the chooser could return (the Triton pipeline at every group count the cost model
@@ -21,6 +23,7 @@ not measured (a candidate that failed) counts as 2x, so a grid point cannot win 
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import math
@@ -70,6 +73,7 @@ def sweep(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
     hip = kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     with open(args.out, "a") as f:
         for i in range(args.shapes):
             if time.perf_counter() - t0 > args.budget_s:
@@ -107,7 +111,7 @@ def sweep(args: argparse.Namespace) -> int:
                     row.update(chosen=p.name, chosen_groups=p.groups, knobs=p.knobs,
                                work=dict(n_seq=len(lens), H=H, n_chunks=int(ci.shape[0]), lower_bound=kw["lower_bound"],
                                          use_l2norm=True, checkpoints=False),
-                               target=dict(name=plan.target, sms=plan.sms,
+                               target=dict(name=plan.target, sms=sms,
                                            hip_walk_threads=plan.lib.walk_threads if plan.lib is not None else None,
                                            tuning=dict(plan.tuning) if plan.tuning is not None else None,
                                            **({k: getattr(plan.mod, k) for k in ("HEAD_DIM_K", "HEAD_DIM_V", "BK", "BV")}
@@ -122,7 +126,8 @@ def sweep(args: argparse.Namespace) -> int:
 
 def load(path: Path) -> dict[int, list[dict]]:
     shapes: dict[int, list[dict]] = {}
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         if line.strip():
             r = json.loads(line)
             shapes.setdefault(r["shape"], []).append(r)
@@ -144,19 +149,28 @@ def _target(t: dict) -> Target:
                   fused=t["hip_walk_threads"] is not None)
 
 
-def score(shapes: list[tuple[Work, dict, dict]], rules: Rules) -> float:
-    """Geomean over the shapes of chosen / fastest measured time under `rules`."""
-    logs = []
+def ratios(shapes: list[tuple[Work, dict, dict]], rules: Rules) -> list[tuple[float, str]]:
+    """(chosen / fastest measured, shape) per shape under `rules`."""
+    out = []
     for work, t, timed in shapes:
         p = choose_pipeline(work, _target(t), rules=rules)
         got = timed.get((p.name, p.groups))
-        logs.append(math.log(got / min(timed.values())) if got else math.log(UNMEASURED))
+        out.append((got / min(timed.values()) if got else UNMEASURED,
+                    f"H={work.H} N={work.n_seq} chunks={work.n_chunks}: {p.name} G={p.groups}"))
+    return out
+
+
+def score(shapes: list[tuple[Work, dict, dict]], rules: Rules) -> float:
+    """Geomean over the shapes of chosen / fastest measured time under `rules`."""
+    logs = [math.log(r) for r, _ in ratios(shapes, rules)]
     return math.exp(sum(logs) / len(logs)) if logs else float("nan")
 
 
-GRID = dict(hip_intra_walks_per_sm=(0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 1e9),
+GRID = dict(hip_intra_walks_per_sm=(0.0, 0.125, 0.25, 0.5, 1.0, 1e9),
+            hip_walk_walks_per_sm=(0.0, 0.25, 0.5, 1.0, 2.0, 4.0),
+            hip_walk_min_seq_chunks=(0.0, 1.0, 1.25, 1.5, 2.0, 3.0),
             walk_programs_per_sm=(1, 2, 3, 4),
-            pass1_step=(0.25, 0.5, 0.75, 1.0),
+            pass1_step=(0.25, 0.5, 1.0),
             scan_step=(0.5, 1.0, 2.5, 5.0),
             split_max_fill=(0.25, 0.5, 1.0, 2.0))
 
@@ -170,14 +184,24 @@ def fit(args: argparse.Namespace) -> int:
     n_hold = max(1, round(args.holdout * len(data)))
     held, train = data[:n_hold], data[n_hold:]
     names = list(GRID)
-    best = min((Rules(**dict(zip(names, point))) for point in itertools.product(*GRID.values())),
-               key=lambda r: (score(train, r), abs(r.hip_intra_walks_per_sm - 0.5)))
     target = data[0][1]["name"]
     today = rules_for(target)
+    # Ties (to 4 digits) go to the point that changes fewest of today's parameters.
+    free = args.free.split(",") if args.free else names
+    unknown = [n for n in free if n not in GRID]
+    if unknown:
+        print(f"--free {unknown[0]!r}: choose from {', '.join(names)}", file=sys.stderr)
+        return 2
+    axes = [GRID[n] if n in free else (getattr(today, n),) for n in names]
+    best = min((Rules(**dict(zip(names, point))) for point in itertools.product(*axes)),
+               key=lambda r: (round(score(train, r), 4), sum(getattr(r, n) != getattr(today, n) for n in names)))
     print(f"{len(train)} fit shapes, {len(held)} held out; target {target} ({data[0][1]['sms']} SMs)")
     print("geomean of chosen / fastest measured (1.000 = always the fastest):")
     for label, r in (("today's RULES", today), ("fitted", best)):
         print(f"  {label:14s} fit {score(train, r):.4f}  held out {score(held, r):.4f}")
+    for label, r in (("today's RULES", today), ("fitted", best)):
+        worst = max(ratios(held + train, r), key=lambda x: x[0])
+        print(f"  {label:14s} worst {worst[0]:.3f} at {worst[1]}")
     print(f"fitted: Rules({', '.join(f'{n}={getattr(best, n)!r}' for n in names)})")
     print(f"known targets: {', '.join(RULES)}")
     return 0
@@ -196,6 +220,8 @@ def main() -> int:
     f.add_argument("sweep", type=Path)
     f.add_argument("--holdout", type=float, default=0.3)
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--free", default="", metavar="NAME,...",
+                   help="fit only these Rules fields, the others at today's values (default: all)")
     args = p.parse_args()
     return sweep(args) if args.cmd == "sweep" else fit(args)
 

@@ -22,8 +22,10 @@ Note [Pipelines]
 
     Under "auto" (`_auto`): the Triton program (triton_intra where the gate allows, else triton_pair) unless
     the fused path was asked for and its library is built; then hip_intra where the gate allows and the walks
-    fill enough of the GPU (RULES), followed by hip_walk where the library has it and no group split was
-    asked for. A fused request whose gate the HIP kernels cannot take runs the Triton pipeline.
+    fill enough of the GPU (RULES), followed by hip_walk where the library has it, no group split was asked
+    for and the sequences are long enough for it (RULES: shorter ones take the grouped triton_walk where a
+    Triton variant can follow hip_intra). A fused request whose gate the HIP kernels cannot take runs the Triton
+    pipeline.
 """
 
 from __future__ import annotations
@@ -53,20 +55,24 @@ class Rules:
     """A target's parameters of the choice. Each comes from a measurement named where RULES sets it."""
 
     hip_intra_walks_per_sm: float  # hip_intra runs where (sequence, head) walks >= this x SMs
+    hip_walk_walks_per_sm: float  # after hip_intra, hip_walk where walks >= this x SMs, else the grouped triton_walk
+    hip_walk_min_seq_chunks: float  # ... and where sequences average at least this many metadata chunks
     walk_programs_per_sm: int  # the group cost model: walks resident per SM
     pass1_step: float  # the group cost model: a pass-1 step in units of a pass-2 step
     scan_step: float  # ... and a scan step (its launch included)
     split_max_fill: float  # no group split once the plain walk's programs exceed this x SMs
 
 
-# H200 (sm_90), docs/performance-model.md, "The half-the-GPU rule of fused plans": hip_intra pays where the
-# walks fill at least half the SMs (0.85-0.94x the Triton path at N x H >= 96, 0.97-1.09x at N x H = 12 or 32 on
-# one sequence; kept with kda_walk_kernel). "The group count of the Triton walk": the model was fitted to
-# CUDA-graph timings of whole calls (11 shapes, every pick within 0.3% of the measured best): two walks share
-# an SM, pass-1 steps weigh 0.5, scan steps 2.5, and plain walks on more than half the SMs are not split (96
-# programs lost 2.5-3% at G=2).
-H200_RULES = Rules(hip_intra_walks_per_sm=0.5, walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5,
-                   split_max_fill=0.5)
+# H200 (sm_90), docs/performance-model.md, "The pipeline choice, fitted": `tools/pipeline_fit.py fit` on a sweep of
+# 60 random batches (2026-12-03, triton 3.6, every candidate timed by graph replay; four 42/18 fit/held-out splits).
+# hip_walk_min_seq_chunks = 1.5 is the fitted value (1.25 in three splits and 2.0 in one; the geomean is flat from
+# 1.25 to 2.0): sequences of one or two chunks walk faster on triton_walk after hip_intra (1.2-1.55x). It takes the
+# choice from 1.072x the fastest measured candidate (geomean over the 60, worst 1.55x) to 1.014x (worst 1.34x, a
+# ragged batch the group model sizes by its mean sequence). The other parameters are the earlier hand fits
+# (hip_intra where walks fill half the SMs; the group model: two walks per SM, pass-1 steps 0.5, scan steps 2.5,
+# no split past half the SMs, fitted to 11 whole-call shapes); the sweep's splits did not agree on other values.
+H200_RULES = Rules(hip_intra_walks_per_sm=0.5, hip_walk_walks_per_sm=0.0, hip_walk_min_seq_chunks=1.5,
+                   walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5, split_max_fill=0.5)
 # AMD targets were compile-verified only (no AMD timings): they take the H200's parameters until measured.
 RULES: Mapping[str, Rules] = {"sm_90": H200_RULES}
 
@@ -218,14 +224,29 @@ def _auto(work: Work, target: Target, groups: int | None, rules: Rules) -> tuple
     reason = (f"hip_intra: {work.n_walks} (sequence, head) walks on {target.sms} SMs" if fill else
               f"hip_intra: the walks fill little of the GPU, but there is no Triton pipeline ({target.triton_missing})")
     split_asked = groups is not None and groups > 1
-    if target.hip_walk_threads > 0 and not split_asked:
+    few = _few_for_hip_walk(work, target, rules)
+    if target.hip_walk_threads > 0 and not split_asked and (few is None or target.triton is None or stage_limits(
+            "hip_intra", "triton_walk", work, target, groups)):
         return "hip_intra", "hip_walk", f"{reason}; hip_walk: the library has kda_walk_kernel"
     walk_why = (f"groups={groups} asked for (hip_walk has no split)" if split_asked
-                else "the library is on the FMA fallback (no kda_walk_kernel)")
+                else "the library is on the FMA fallback (no kda_walk_kernel)" if target.hip_walk_threads == 0
+                else few)
     if not stage_limits("hip_intra", "triton_walk", work, target, groups):
         return "hip_intra", "triton_walk", f"{reason}; triton_walk: {walk_why}"
     raise ValueError(f"use_fused_chunk=True: {walk_why}, and triton_walk cannot follow hip_intra here: "
                      f"{'; '.join(stage_limits('hip_intra', 'triton_walk', work, target, groups))}")
+
+
+def _few_for_hip_walk(work: Work, target: Target, rules: Rules) -> str | None:
+    """Why the grouped triton_walk should follow hip_intra rather than hip_walk (RULES), or None."""
+    if target.sms is not None and work.n_walks < rules.hip_walk_walks_per_sm * target.sms:
+        return (f"{work.n_walks} (sequence, head) walks fill less than {rules.hip_walk_walks_per_sm:g} x "
+                f"{target.sms} SMs, where the grouped triton_walk pays")
+    per_seq = work.n_chunks / max(work.n_seq, 1)
+    if per_seq < rules.hip_walk_min_seq_chunks:
+        return (f"sequences average {per_seq:.2f} chunks, under {rules.hip_walk_min_seq_chunks:g}, where "
+                "triton_walk's shorter per-walk start pays")
+    return None
 
 
 def _groups(walk: str, work: Work, target: Target, forced: int | None, rules: Rules) -> tuple[int, str]:

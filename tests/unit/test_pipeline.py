@@ -43,15 +43,28 @@ def _last_plan(registry):
 # ---- the automatic choice ------------------------------------------------------------------------
 
 @settings(max_examples=200, deadline=None)
-@given(n_seq=st.integers(1, 64), H=st.integers(1, 128), more=st.integers(1, 64), chunks=st.integers(1, 4096),
+@given(n_seq=st.integers(1, 64), H=st.integers(1, 128), more=st.integers(1, 64), per_seq=st.integers(1, 64),
        sms=st.sampled_from([8, 66, 132, 304]))
-def test_more_walks_never_move_from_the_hip_pair_back_to_triton(n_seq, H, more, chunks, sms):
+def test_more_heads_never_move_from_the_hip_pair_back_to_triton(n_seq, H, more, per_seq, sms):
+    chunks = n_seq * per_seq
     a = pipeline.choose_pipeline(_work(n_seq, H, chunks), _fused(sms))
-    b = pipeline.choose_pipeline(_work(n_seq + more, H, chunks), _fused(sms))
+    b = pipeline.choose_pipeline(_work(n_seq, H + more, chunks), _fused(sms))
     if a.name == "hip_intra+hip_walk":
         assert b.name == "hip_intra+hip_walk"
-    # Under the rule's model the HIP intra pays exactly where the walks fill half the SMs.
+    # Under the rules' model the HIP intra pays exactly where the walks fill half the SMs ...
     assert (a.chunk == "hip_intra") == (2 * n_seq * H >= sms)
+    # ... and hip_walk after it where sequences average at least 1.5 chunks (else the grouped triton_walk).
+    if a.chunk == "hip_intra":
+        assert a.walk == ("hip_walk" if per_seq >= 1.5 else "triton_walk"), a.reason
+
+
+def test_short_sequences_walk_on_triton_after_the_hip_intra():
+    # 150 sequences of one chunk each at H = 21 (the sweep: 0.201 ms against the HIP pair's 0.259).
+    p = pipeline.choose_pipeline(_work(150, 21, 150), _fused())
+    assert p.name == "hip_intra+triton_walk" and "average 1.00 chunks" in p.reason, p.reason
+    assert pipeline.choose_pipeline(_work(150, 21, 300), _fused()).name == "hip_intra+hip_walk"
+    # Without a Triton variant to walk on, the HIP pair still serves them.
+    assert pipeline.choose_pipeline(_work(150, 21, 150), _fused(triton=False)).name == "hip_intra+hip_walk"
 
 
 @settings(max_examples=200, deadline=None)

@@ -18,7 +18,10 @@ pipeline_fit = importlib.util.module_from_spec(spec)
 sys.modules["pipeline_fit"] = pipeline_fit
 spec.loader.exec_module(pipeline_fit)
 
-from kdagen.runtime.pipeline import H200_RULES  # noqa: E402
+from kdagen.runtime.pipeline import H200_RULES as TODAY  # noqa: E402
+
+# The synthetic timings below know one walk per chunk stage: the hip_walk / triton_walk rule stays out of it.
+H200_RULES = pipeline_fit.Rules(**{**TODAY.__dict__, "hip_walk_min_seq_chunks": 0.0})
 
 SMS = 132
 
@@ -58,10 +61,11 @@ def test_fit_finds_the_rule_that_made_the_timings(tmp_path, capsys):
                                    "split_max_fill": 0.25, "scan_step": 5.0})
     # Today's 0.5 x SMs rule takes the HIP pair between 0.5 and 1.5 x SMs, where it loses here.
     assert pipeline_fit.score(data, H200_RULES) > pipeline_fit.score(data, fitted)
-    args = type("A", (), dict(sweep=path, holdout=0.3, seed=0))()
+    args = type("A", (), dict(sweep=path, holdout=0.3, seed=0, free="hip_intra_walks_per_sm,hip_walk_min_seq_chunks"))()
     assert pipeline_fit.fit(args) == 0
     out = capsys.readouterr().out
     assert "hip_intra_walks_per_sm=1.5" in out or "hip_intra_walks_per_sm=1.0" in out, out
+    assert "hip_walk_min_seq_chunks=0.0" in out, out
 
 
 def test_a_choice_that_was_not_timed_scores_as_a_loss(tmp_path):

@@ -11,6 +11,7 @@ the interpreter.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -22,7 +23,7 @@ import pytest
 import torch
 
 import kdagen_kernels
-from kdagen.runtime import dispatch, fused_choice, fused_path, jit_hip
+from kdagen.runtime import dispatch, fused_choice, fused_path, jit_hip, pipeline
 from kdagen.runtime.launch import KernelLaunch
 from kdagen.runtime.registry import VariantEntry
 from tests.kda_cases import make_inputs
@@ -77,6 +78,10 @@ def on_sm90(monkeypatch, set_interpreting):
     """The CPU tensors count as sitting on an sm_90 GPU for the fused decision; the interpreter flag lets
     them past the device check (no kernel runs unless a test falls back to Triton)."""
     monkeypatch.setattr(fused_choice, "fused_target", lambda device: "sm_90")
+    # These tests' batches are one-chunk sequences, which the fitted rules walk on triton_walk after hip_intra
+    # (test_pipeline covers that rule); here they test the HIP pair's wiring, so hip_walk takes any length.
+    monkeypatch.setattr(pipeline, "rules_for",
+                        lambda target: dataclasses.replace(pipeline.H200_RULES, hip_walk_min_seq_chunks=0.0))
     set_interpreting(True)
 
 

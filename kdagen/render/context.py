@@ -19,7 +19,7 @@ from kdagen.kernels import op_schema
 from kdagen.render.env import RenderError, torch_dtype, triton_dtype
 from kdagen.spec.model import OpSpec, VariantSpec
 from kdagen.targets import (
-    AMD_MIN_WAVES_PER_SIMD, HIP_ABI, HIP_THREADS, SUB_CHUNK, TARGETS, next_pow2,
+    AMD_MIN_WAVES_PER_SIMD, HIP_ABI, SUB_CHUNK, TARGETS, hip_intra_threads, next_pow2,
 )
 
 # backend -> (template, output path relative to generated/kdagen_kernels/ with {name} = VariantSpec.name)
@@ -168,7 +168,7 @@ def hip_context(v: VariantSpec, target: str, stamp: str) -> dict[str, Any]:
         "K": v.head_dim_k,
         "V": v.head_dim_v,
         "BT": v.chunk_size,
-        "THREADS": HIP_THREADS,
+        "THREADS": hip_intra_threads(v.head_dim_k, v.head_dim_v, target),
         "amd_min_waves": AMD_MIN_WAVES_PER_SIMD,
         "abi_version": HIP_ABI,
         "abi": hip_kernels.LAUNCHERS,

@@ -182,3 +182,33 @@ def render_triton_variants(tmp: Path, spec_text: str) -> list[VariantEntry]:
         sys.path.insert(0, str(tmp))
     importlib.invalidate_caches()
     return out
+
+
+# The spec a new user writes to add the head dims served today (64, 96, 128, 256; K != V; fp16), each on both
+# backends and every target. The tuning each needs beyond the shipped file-level one: K = V = 256 takes 16-row
+# walk slices and 4-warp kda_intra programs on gfx942 (no scratch, 2 waves per SIMD in its AOT builds) and one
+# walk stage on sm_90 (the pair's walk on whole chunks asks 240 KiB at two, over the 227 KiB per block).
+ALL_TARGETS_VARIANTS = """\
+variants:
+  - {label: d64, head_dim_k: 64, head_dim_v: 64, chunk_size: 64, dtype: bf16, backends: [triton, hip], targets: [gfx942, gfx950, sm_90]}
+  - {label: d96, head_dim_k: 96, head_dim_v: 96, chunk_size: 64, dtype: bf16, backends: [triton, hip], targets: [gfx942, gfx950, sm_90]}
+  - {label: k64_v128, head_dim_k: 64, head_dim_v: 128, chunk_size: 64, dtype: bf16, backends: [triton, hip], targets: [gfx942, gfx950, sm_90]}
+  - label: d256
+    head_dim_k: 256
+    head_dim_v: 256
+    chunk_size: 64
+    dtype: bf16
+    backends: [triton, hip]
+    targets: [gfx942, gfx950, sm_90]
+    tuning:
+      triton:
+        gfx942: {block_v: 16, dense_block_v: 16, intra_block_v: 32, intra_warps: 4, dense_intra_warps: 2}
+        sm_90: {recurrence_stages_sparse: 1}
+  - {label: kimi_fp16, head_dim_k: 128, head_dim_v: 128, chunk_size: 64, dtype: fp16, backends: [triton, hip], targets: [gfx942, gfx950, sm_90]}
+"""
+
+
+def all_targets_spec() -> str:
+    """ALL_TARGETS_VARIANTS under the shipped spec's file-level tuning (its own variants dropped)."""
+    shipped = (ROOT / "specs" / "kda_chunk_fwd.yaml").read_text()
+    return shipped[:shipped.index("\nvariants:") + 1] + ALL_TARGETS_VARIANTS

@@ -17,7 +17,7 @@ from kdagen_kernels import prepare_chunk_indices, prepare_chunk_offsets
 from tests.kda_cases import make_inputs, poisoned_out
 from tests.tolerances import check, check_output, output_terms
 from tests.variant_cases import (
-    PIPELINES, inputs, render_triton_variants, run_and_check, spy_on_kernels, triton_cases, triton_variants,
+    PIPELINES, all_targets_spec, inputs, render_triton_variants, run_and_check, spy_on_kernels, triton_cases, triton_variants,
 )
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -36,6 +36,10 @@ def test_variant_matches_reference(entry, pipeline, monkeypatch, pipelines_ran):
     run, ref = inputs(entry, PIPELINES[pipeline], "cpu", heads=heads)
     run_and_check(entry, pipeline, run, ref, log, "triton-interp")
     pipelines_ran[f"test_variants (interpreter): {pipeline} ({entry.name})"] += 1
+
+
+LABEL_DIMS = {"d64": "bf16__k64_v64_c64", "d96": "bf16__k96_v96_c64", "k64_v128": "bf16__k64_v128_c64",
+              "d256": "bf16__k256_v256_c64", "kimi_fp16": "fp16__k128_v128_c64"}
 
 
 # A chunk-32 variant beside a chunk-64 one of the same head dims (K != V; the shipped spec declares chunk 64
@@ -90,3 +94,20 @@ def test_chunk_32_metadata_reaches_the_chunk_32_kernels(chunk_32_registry, monke
         check_output(f"output of {want.name} from the wrapper", o, ref_o, terms, 32, ("triton-interp", "bf16", "output"))
         check(f"final state of {want.name} from the wrapper", state, ref_state, ("triton-interp", "bf16", "final_state"))
         monkeypatch.undo()
+
+
+@pytest.fixture(scope="module")
+def all_targets_registry(tmp_path_factory) -> tuple[VariantEntry, ...]:
+    return tuple(render_triton_variants(tmp_path_factory.mktemp("all_targets"), all_targets_spec()))
+
+
+@pytest.mark.parametrize("label", ["d64", "d96", "k64_v128", "d256", "kimi_fp16"])
+@pytest.mark.parametrize("pipeline", list(PIPELINES))
+def test_all_targets_spec_variant_matches_reference(all_targets_registry, label, pipeline, monkeypatch):
+    """Each Triton variant of the spec tests/build/test_all_targets_spec.py generates, in the interpreter."""
+    (entry,) = [e for e in all_targets_registry if e.name.endswith(LABEL_DIMS[label])]
+    log = spy_on_kernels(monkeypatch, all_targets_registry)
+    heads = 1 if max(entry.head_dim_k, entry.head_dim_v) > 128 else 2
+    run, ref = inputs(entry, PIPELINES[pipeline], "cpu", heads=heads)
+    run_and_check(entry, pipeline, run, ref, log, "triton-interp", variants=all_targets_registry)
+    assert _ran(log) == {entry.name}

@@ -256,7 +256,7 @@ def triton_walk_smem(target: str, head_dim_k: int, head_dim_v: int, dtype: str, 
     extra = max(0, stages - 1)
     if TARGETS[target].vendor == "amd":
         if rows < bv:
-            base, per_stage = (1 if transfer else 2) * bv * bk, rows * bk
+            base, per_stage = (1 if transfer else 2) * bv * bk, (2 * rows * bk + rows * bv) if transfer else rows * bk
         else:
             base, per_stage = rows * bk + (0 if transfer else bk * bv), 2 * rows * bk
     elif rows < bv:

@@ -186,7 +186,8 @@ def render_triton_variants(tmp: Path, spec_text: str) -> list[VariantEntry]:
 
 # The spec a new user writes to add the head dims served today (64, 96, 128, 256; K != V; fp16), each on both
 # backends and every target. The tuning each needs beyond the shipped file-level one: K = V = 256 takes 16-row
-# walk slices and 4-warp kda_intra programs on gfx942 (no scratch, 2 waves per SIMD in its AOT builds) and one
+# walk slices and 4-warp kda_intra programs on gfx942 and gfx950 (no scratch, 2 waves per SIMD in their AOT
+# builds: tests/aot/test_triton_smem.py) and one
 # walk stage on sm_90 (the pair's walk on whole chunks asks 240 KiB at two, over the 227 KiB per block).
 ALL_TARGETS_VARIANTS = """\
 variants:
@@ -203,6 +204,7 @@ variants:
     tuning:
       triton:
         gfx942: {block_v: 16, dense_block_v: 16, intra_block_v: 32, intra_warps: 4, dense_intra_warps: 2}
+        gfx950: {block_v: 16, dense_block_v: 16, intra_block_v: 32, intra_warps: 4, dense_intra_warps: 2}
         sm_90: {recurrence_stages_sparse: 1}
   - {label: kimi_fp16, head_dim_k: 128, head_dim_v: 128, chunk_size: 64, dtype: fp16, backends: [triton, hip], targets: [gfx942, gfx950, sm_90]}
 """

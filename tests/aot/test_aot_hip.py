@@ -100,9 +100,10 @@ def test_amd_compile(src, layer, tmp_path, capsys):
 
 
 # Off-spec combinations hip_limits admits on both AMD targets (K a multiple of 32, V of 16): the extremes, odd
-# per-thread column counts (K 96, V 48 and 80) and fp16.
+# per-thread column counts (K 96, V 48 and 80) and fp16; K = V = 256 is kda_intra's 8-wave workgroup on gfx942.
+# K = V = 96 and K = 64 / V = 128: the head dims of tests/variant_cases.py ALL_TARGETS_VARIANTS the registry lacks.
 OFF_SPEC = [(32, 16, "bf16"), (96, 48, "fp16"), (128, 128, "fp16"), (160, 80, "bf16"), (64, 256, "fp16"),
-            (128, 48, "bf16"), (256, 256, "bf16"), (224, 128, "fp16")]
+            (128, 48, "bf16"), (256, 256, "bf16"), (224, 128, "fp16"), (96, 96, "bf16"), (64, 128, "bf16")]
 
 
 @pytest.mark.skipif(CLANG is None, reason="clang-22 not found (apt-get install clang-22 lld-22, or set KDAGEN_CLANG)")

@@ -163,6 +163,22 @@ def hip_walk_waves(head_dim_v: int) -> int:
     return next(w for w in range(min(HIP_WALK_WAVES, tiles), 0, -1) if tiles % w == 0)
 
 
+# CUDA launch bounds (kda_intra.h INTRA_BLOCKS_PER_SM, kda_walk.h WALK_BLOCKS_PER_SM): the resident blocks per SM
+# the register allocation leaves room for, 80 and 128 registers a thread at these defaults.
+HIP_CUDA_INTRA_BLOCKS, HIP_CUDA_WALK_BLOCKS = 3, 2
+
+
+def hip_cuda_blocks(head_dim_k: int, head_dim_v: int) -> tuple[int, int]:
+    """(kda_intra_kernel, kda_walk_kernel) resident blocks per SM on sm_90, one fewer than the defaults where those
+    spill (ptxas -v, 2026-12-03). kda_intra: from K = 160 on (62-754 B at 80 registers; its thread holds K / 16
+    columns of q, k and the gate). The walk's thread holds K / 2 fp32 of the state (K x its V slice over 2 threads
+    a row); it spilled wherever that left fewer than 64 of its register cap (K, V = 160, 128: 40 B; 192, 256:
+    224 B; 256, 256: 624 B) and never with 64 or more (128, 256; 192, 192; 256, 64)."""
+    intra = HIP_CUDA_INTRA_BLOCKS - (head_dim_k > 128)
+    cap = 65536 // (HIP_CUDA_WALK_BLOCKS * 32 * hip_walk_waves(head_dim_v))
+    return intra, HIP_CUDA_WALK_BLOCKS - (min(cap, 255) - head_dim_k // 2 < 64)
+
+
 def hip_walk_lds(head_dim_k: int, head_dim_v: int) -> int:
     """sizeof(kda::WalkSmem) (templates/hip/include/kda_walk.h): HIP_WALK_STAGES stages of one step's K side."""
     K, wbv, ir = head_dim_k, 16 * hip_walk_waves(head_dim_v), 16

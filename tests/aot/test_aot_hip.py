@@ -160,6 +160,25 @@ def _amd_check(src: Path, layer: str, tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("src", NV, ids=lambda p: p.stem)
 def test_nvcc_compile(src, layer, tmp_path, capsys):
+    _nvcc_check(src, layer, tmp_path, capsys)
+
+
+# Head dims the spec does not ship on sm_90: those of the all-targets spec (tests/variant_cases.py) and the K >= 160
+# ones whose kernels take one resident block fewer (kdagen.targets.hip_cuda_blocks: the defaults spill there).
+NV_OFF_SPEC = [(96, 96), (64, 128), (160, 128), (192, 192), (192, 256), (256, 64), (256, 256)]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit or `pip install nvidia-cuda-nvcc`; or set KDAGEN_NVCC)")
+@pytest.mark.parametrize(("K", "V"), NV_OFF_SPEC, ids=str)
+def test_nvcc_head_dims(K, V, tmp_path, capsys):
+    v = VariantSpec(op="kda_chunk_fwd", label="off_spec", backend="hip", dtype="bf16", head_dim_k=K, head_dim_v=V,
+                    chunk_size=64, targets=("sm_90",), tuning=(), spec_path="tests/aot/test_aot_hip.py", line=0)
+    src = tmp_path / f"{v.name}__sm_90.hip"
+    src.write_text(render_template(make_env(ROOT), "hip/kda_chunk.hip.j2", hip_context(v, "sm_90", "// (test)"), "test"))
+    _nvcc_check(src, "mma", tmp_path, capsys)
+
+
+def _nvcc_check(src: Path, layer: str, tmp_path: Path, capsys) -> None:
     target = _target(src)
     arch = target.replace("sm_", "")
     obj = tmp_path / f"{src.stem}.o"

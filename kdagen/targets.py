@@ -276,7 +276,7 @@ def triton_walk_smem(target: str, head_dim_k: int, head_dim_v: int, dtype: str, 
         else:
             base, per_stage = rows * bk + (0 if transfer else bk * bv), 2 * rows * bk
     elif rows < bv:
-        base = max(128, bv) * bk
+        base = max(128, bv) * bk  # never under 128 state rows' worth in the builds read (block_v 64 and 128)
         per_stage = 1024 if transfer else 2 * rows * bk + rows * bv
     else:
         base = (3 if transfer else 4) * rows * bk + (0 if transfer else rows * bv)
@@ -285,9 +285,10 @@ def triton_walk_smem(target: str, head_dim_k: int, head_dim_v: int, dtype: str, 
 
 
 def estimate_triton_smem(head_dim_k: int, head_dim_v: int, chunk_size: int, dtype: str,
-                         block_v: int, stages: int, target: str = "sm_90", intra_rows: int = 32) -> int:
+                         block_v: int, stages: int, target: str, intra_rows: int = 32) -> int:
     """The most shared memory a kda_recurrence launch at this block_v and stage count asks for on `target`: the
-    pair's walk on whole chunks and kda_intra's on `intra_rows`-row steps, passes 0-2 (triton_walk_smem)."""
+    pair's walk on whole chunks and kda_intra's on `intra_rows`-row steps (the built-in 32 by default), passes 0-2
+    (triton_walk_smem)."""
     bv = min(block_v, next_pow2(head_dim_v))
     bv1 = min(bv, next_pow2(head_dim_k))  # pass 1's slices also divide BK (runtime/triton_path.walk_launches)
     return max(triton_walk_smem(target, head_dim_k, head_dim_v, dtype, rows, b, stages, transfer)

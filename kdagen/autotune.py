@@ -77,7 +77,7 @@ def recurrence_candidates(v: VariantDims, target: str) -> list[dict[str, int]]:
     out = []
     for block_v in sorted({min(b, next_pow2(v.head_dim_v)) for b in (16, 32, 64, 128)}):
         fits = [s for s in (1, 2) if estimate_triton_smem(v.head_dim_k, v.head_dim_v, v.chunk_size, v.dtype, block_v,
-                                                           s) <= TARGETS[target].smem_per_block]
+                                                           s, target) <= TARGETS[target].smem_per_block]
         for warps in (4, 8):
             for stages in fits:
                 for sparse in fits:

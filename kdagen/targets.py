@@ -122,11 +122,16 @@ BACKENDS: tuple[str, ...] = ("triton", "hip")
 # and no scratch. Nothing here can time an AMD GPU, so this is the budget that stands in for a timing.
 AMD_MIN_WAVES_PER_SIMD = 2
 
-# ---- the fused HIP backend (templates/hip/): kda_intra_kernel (HIP_THREADS threads) and kda_walk_kernel (64 per
+# ---- the fused HIP backend (templates/hip/): kda_intra_kernel (hip_intra_threads) and kda_walk_kernel (64 per
 # 16 state rows, at most HIP_WALK_WAVES waves). What they can take is hip_limits() below.
 HIP_DTYPES: tuple[str, ...] = ("bf16", "fp16")
 HIP_CHUNK_SIZE = 64
 HIP_THREADS = 256
+# kda_intra_kernel's wide workgroup: where HIP_THREADS threads' LDS leaves an AMD target under the occupancy budget
+# (K = V = 256 on gfx942: 54,080 B, one 4-wave workgroup per CU, 1 wave per SIMD), twice the waves share the same
+# tiles, each thread half the row layout's columns: one 8-wave workgroup per CU is 2 waves per SIMD. The row
+# layout then needs K a multiple of 64 (a thread's K / 32 columns are whole bf16 pairs).
+HIP_WIDE_THREADS = 512
 HIP_WALK_WAVES = 8  # kda_walk.h WALK_WAVES
 HIP_WALK_STAGES = 2  # kda_walk.h WALK_STAGES
 # K: a multiple of 32 (kda_intra's row layout packs each thread's K / 16 columns in bf16 pairs, and gfx950's MFMA
@@ -158,6 +163,22 @@ def hip_walk_waves(head_dim_v: int) -> int:
     return next(w for w in range(min(HIP_WALK_WAVES, tiles), 0, -1) if tiles % w == 0)
 
 
+# CUDA launch bounds (kda_intra.h INTRA_BLOCKS_PER_SM, kda_walk.h WALK_BLOCKS_PER_SM): the resident blocks per SM
+# the register allocation leaves room for, 80 and 128 registers a thread at these defaults.
+HIP_CUDA_INTRA_BLOCKS, HIP_CUDA_WALK_BLOCKS = 3, 2
+
+
+def hip_cuda_blocks(head_dim_k: int, head_dim_v: int) -> tuple[int, int]:
+    """(kda_intra_kernel, kda_walk_kernel) resident blocks per SM on sm_90, one fewer than the defaults where those
+    spill (ptxas -v, 2026-12-03). kda_intra: from K = 160 on (62-754 B at 80 registers; its thread holds K / 16
+    columns of q, k and the gate). The walk's thread holds K / 2 fp32 of the state (K x its V slice over 2 threads
+    a row); it spilled wherever that left fewer than 64 of its register cap (K, V = 160, 128: 40 B; 192, 256:
+    224 B; 256, 256: 624 B) and never with 64 or more (128, 256; 192, 192; 256, 64)."""
+    intra = HIP_CUDA_INTRA_BLOCKS - (head_dim_k > 128)
+    cap = 65536 // (HIP_CUDA_WALK_BLOCKS * 32 * hip_walk_waves(head_dim_v))
+    return intra, HIP_CUDA_WALK_BLOCKS - (min(cap, 255) - head_dim_k // 2 < 64)
+
+
 def hip_walk_lds(head_dim_k: int, head_dim_v: int) -> int:
     """sizeof(kda::WalkSmem) (templates/hip/include/kda_walk.h): HIP_WALK_STAGES stages of one step's K side."""
     K, wbv, ir = head_dim_k, 16 * hip_walk_waves(head_dim_v), 16
@@ -169,6 +190,18 @@ def _lds_waves(lds: int, threads: int, target: Target) -> int:
     """Waves per SIMD that a workgroup's LDS alone leaves room for (kdagen/amdgcn.py waves_per_simd's rule)."""
     groups = target.lds_per_cu // lds
     return min(groups * (threads // target.warp_size) // target.simds_per_cu, target.max_waves_per_simd)
+
+
+def hip_intra_threads(head_dim_k: int, head_dim_v: int, target: str) -> int:
+    """kda_intra_kernel's threads per workgroup on `target`: HIP_THREADS, or HIP_WIDE_THREADS on an AMD target
+    where HIP_THREADS misses the occupancy budget from LDS alone and the wide row layout takes K."""
+    t = TARGETS[target]
+    if t.vendor != "amd" or head_dim_k % (2 * HIP_WIDE_THREADS // 16):
+        return HIP_THREADS
+    lds = hip_intra_lds(head_dim_k, head_dim_v, target)
+    if lds > t.smem_per_block or _lds_waves(lds, HIP_THREADS, t) >= AMD_MIN_WAVES_PER_SIMD:
+        return HIP_THREADS
+    return HIP_WIDE_THREADS
 
 
 def hip_limits(head_dim_k: int, head_dim_v: int, chunk_size: int, dtype: str, target: str) -> list[str]:
@@ -189,7 +222,8 @@ def hip_limits(head_dim_k: int, head_dim_v: int, chunk_size: int, dtype: str, ta
         why.append(f"target {target}: not one of {', '.join(TARGETS)}")
     if why:
         return why
-    for kernel, lds, threads in (("kda_intra_kernel", hip_intra_lds(head_dim_k, head_dim_v, target), HIP_THREADS),
+    for kernel, lds, threads in (("kda_intra_kernel", hip_intra_lds(head_dim_k, head_dim_v, target),
+                                  hip_intra_threads(head_dim_k, head_dim_v, target)),
                                  ("kda_walk_kernel", hip_walk_lds(head_dim_k, head_dim_v),
                                   64 * hip_walk_waves(head_dim_v))):
         if lds > t.smem_per_block:
@@ -197,8 +231,11 @@ def hip_limits(head_dim_k: int, head_dim_v: int, chunk_size: int, dtype: str, ta
                        f"{t.smem_per_block} B per workgroup")
         elif t.vendor == "amd" and (waves := _lds_waves(lds, threads, t)) < AMD_MIN_WAVES_PER_SIMD:
             need = t.lds_per_cu // -(-AMD_MIN_WAVES_PER_SIMD * t.simds_per_cu // (threads // t.warp_size))
+            wide = (f" (its {HIP_WIDE_THREADS}-thread workgroup, 2 waves per SIMD at this LDS, needs head_dim_k a "
+                    f"multiple of {HIP_WIDE_THREADS // 8})" if kernel == "kda_intra_kernel" and _lds_waves(
+                        lds, HIP_WIDE_THREADS, t) >= AMD_MIN_WAVES_PER_SIMD else "")
             why.append(f"{kernel} needs {lds} B of LDS on {target}: {waves} waves per SIMD, under the budget of "
-                       f"{AMD_MIN_WAVES_PER_SIMD}; it fits at {need} B or less ({lds - need} B over)")
+                       f"{AMD_MIN_WAVES_PER_SIMD}; it fits at {need} B or less ({lds - need} B over){wide}")
     return why
 
 
@@ -221,14 +258,39 @@ def next_pow2(x: int) -> int:
     return 1 << (x - 1).bit_length()
 
 
-def estimate_triton_smem(head_dim_k: int, head_dim_v: int, chunk_size: int, dtype: str,
-                         block_v: int, stages: int) -> int:
-    """Shared memory the recurrence kernel (the larger of the two Triton kernels) stages per block:
-    two [BT, K] operand tiles and one [BT, BV] tile in the I/O dtype per pipeline stage. Calibrated
-    against triton 3.7's AOT figures (sm_90, 2 stages, BV 64: 72 KiB real vs 80 KiB here; gfx942,
-    1 stage, BV 32: 24 KiB real vs 36 KiB here); the AOT tests print the real figure for every variant.
-    """
+def triton_walk_smem(target: str, head_dim_k: int, head_dim_v: int, dtype: str, rows: int, block_v: int,
+                     stages: int, transfer: bool = False) -> int:
+    """Shared memory (bytes) one kda_recurrence build asks for: walk steps of `rows` rows (the pair's whole
+    chunk, kda_intra's intra_rows), V slices of `block_v` rows (as launched: at most next_pow2(V), and at most BK
+    in pass 1), `stages` pipeline stages; transfer: pass 1 (no qg, no output). What Triton stages is the dot
+    operands: with rows < block_v the walk transposes its products (kdagen/triton_kernels/walk.py) and stages
+    the state slice, else the w / qg tiles and the transposed slice. Read off triton 3.7's AOT builds
+    (tests/aot/test_triton_smem.py compares): exact on AMD at one stage (every AMD tuning), an upper bound at
+    two and on sm_90 (wgmma; 4 and 8 warps), whose builds stage more per pipeline stage."""
     elt = DTYPES[dtype][0]
-    bk, bv = next_pow2(head_dim_k), min(block_v, next_pow2(head_dim_v))
-    per_stage = 2 * chunk_size * bk + chunk_size * bv
-    return max(1, stages) * per_stage * elt
+    bk, bv = next_pow2(head_dim_k), block_v
+    extra = max(0, stages - 1)
+    if TARGETS[target].vendor == "amd":
+        if rows < bv:
+            base, per_stage = (1 if transfer else 2) * bv * bk, (2 * rows * bk + rows * bv) if transfer else rows * bk
+        else:
+            base, per_stage = rows * bk + (0 if transfer else bk * bv), 2 * rows * bk
+    elif rows < bv:
+        base = max(128, bv) * bk  # never under 128 state rows' worth in the builds read (block_v 64 and 128)
+        per_stage = 1024 if transfer else 2 * rows * bk + rows * bv
+    else:
+        base = (3 if transfer else 4) * rows * bk + (0 if transfer else rows * bv)
+        per_stage = (2 if transfer else 3) * rows * bk + rows * bv
+    return (base + extra * per_stage) * elt
+
+
+def estimate_triton_smem(head_dim_k: int, head_dim_v: int, chunk_size: int, dtype: str,
+                         block_v: int, stages: int, target: str, intra_rows: int = 32) -> int:
+    """The most shared memory a kda_recurrence launch at this block_v and stage count asks for on `target`: the
+    pair's walk on whole chunks and kda_intra's on `intra_rows`-row steps (the built-in 32 by default), passes 0-2
+    (triton_walk_smem)."""
+    bv = min(block_v, next_pow2(head_dim_v))
+    bv1 = min(bv, next_pow2(head_dim_k))  # pass 1's slices also divide BK (runtime/triton_path.walk_launches)
+    return max(triton_walk_smem(target, head_dim_k, head_dim_v, dtype, rows, b, stages, transfer)
+               for rows in {chunk_size, min(chunk_size, intra_rows)}
+               for b, transfer in ((bv, False), (bv1, True)))

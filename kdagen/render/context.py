@@ -19,7 +19,8 @@ from kdagen.kernels import op_schema
 from kdagen.render.env import RenderError, torch_dtype, triton_dtype
 from kdagen.spec.model import OpSpec, VariantSpec
 from kdagen.targets import (
-    AMD_MIN_WAVES_PER_SIMD, HIP_ABI, HIP_THREADS, SUB_CHUNK, TARGETS, next_pow2,
+    AMD_MIN_WAVES_PER_SIMD, HIP_ABI, HIP_CUDA_INTRA_BLOCKS, HIP_CUDA_WALK_BLOCKS, SUB_CHUNK, TARGETS, hip_cuda_blocks,
+    hip_intra_threads, next_pow2,
 )
 
 # backend -> (template, output path relative to generated/kdagen_kernels/ with {name} = VariantSpec.name)
@@ -168,7 +169,11 @@ def hip_context(v: VariantSpec, target: str, stamp: str) -> dict[str, Any]:
         "K": v.head_dim_k,
         "V": v.head_dim_v,
         "BT": v.chunk_size,
-        "THREADS": HIP_THREADS,
+        "THREADS": hip_intra_threads(v.head_dim_k, v.head_dim_v, target),
+        # Rendered only where they differ from the headers' defaults (every other source keeps its bytes).
+        "cuda_blocks": [(name, n) for name, n, default in zip(
+            ("INTRA_BLOCKS_PER_SM", "WALK_BLOCKS_PER_SM"), hip_cuda_blocks(v.head_dim_k, v.head_dim_v),
+            (HIP_CUDA_INTRA_BLOCKS, HIP_CUDA_WALK_BLOCKS)) if n != default and TARGETS[target].vendor == "nvidia"],
         "amd_min_waves": AMD_MIN_WAVES_PER_SIMD,
         "abi_version": HIP_ABI,
         "abi": hip_kernels.LAUNCHERS,

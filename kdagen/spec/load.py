@@ -15,7 +15,7 @@ from kdagen.launch_knobs import DENSE_KNOBS, dense_tuning
 from kdagen.spec.model import OpSpec, TritonTuning, VariantSpec
 from kdagen.targets import (
     BACKENDS, CHUNK_SIZES, DTYPES, MAX_HEAD_DIM, MIN_HEAD_DIM,
-    SUB_CHUNK, TARGETS, estimate_triton_smem, hip_limits,
+    SUB_CHUNK, TARGETS, estimate_triton_smem, hip_limits, next_pow2, triton_walk_smem,
 )
 from kdagen.spec.fields import int_value, names, one_of, take
 from kdagen.spec.tuning import Overlay, parse_tuning, resolve_tuning
@@ -236,27 +236,32 @@ def _kib(n: int) -> str:
 
 def _check_smem(where: str, line: int, k: int, v: int, chunk: int, dtype: str, target: str,
                 tun: TritonTuning, report: Report) -> None:
-    """One error per variant and target if a launch's recurrence may not fit: both stage counts are
-    launched (runtime/triton_path.recurrence_stages), at block_v and, where set, at dense_block_v."""
+    """One error per variant and target if a walk launch may not fit its shared memory: both stage counts are
+    launched (runtime/triton_path.recurrence_stages) at block_v, and a batch whose walks fill the GPU launches the
+    plain walk at dense_block_v on dense_intra_rows steps where they are set. The error names the knobs of the
+    launches that miss, each once."""
     budget = TARGETS[target].smem_per_block
-    widths = [("block_v", tun.block_v)]
-    if tun.dense_block_v and tun.dense_block_v != tun.block_v:
-        widths.append(("dense_block_v", tun.dense_block_v))
-    stages = ("recurrence_stages", "recurrence_stages_sparse")
-    over = [(w, s) for w in widths for s in stages
-            if estimate_triton_smem(k, v, chunk, dtype, w[1], getattr(tun, s)) > budget]
+    launches = [(("block_v", s), estimate_triton_smem(k, v, chunk, dtype, tun.block_v, getattr(tun, s), target,
+                                                      tun.intra_rows))
+                for s in dict.fromkeys(("recurrence_stages", "recurrence_stages_sparse"))]
+    if tun.dense_block_v or tun.dense_intra_rows:
+        width = "dense_block_v" if tun.dense_block_v else "block_v"
+        rows = min(chunk, tun.dense_intra_rows or tun.intra_rows)
+        block = min(getattr(tun, width), next_pow2(v))
+        launches.append(((width, "recurrence_stages"),
+                         triton_walk_smem(target, k, v, dtype, rows, block, tun.recurrence_stages)))
+    over = [(knobs, est) for knobs, est in launches if est > budget]
     if not over:
         return
-    (w_name, w_value), s_name = over[0]
-    est = estimate_triton_smem(k, v, chunk, dtype, w_value, getattr(tun, s_name))
-    w_over = list(dict.fromkeys(w for w, _ in over))
-    s_over = list(dict.fromkeys(s for _, s in over))
+    est = max(e for _, e in over)
+    names = list(dict.fromkeys(n for knobs, _ in over for n in knobs))
+    widths = [n for n in names if "block_v" in n]
+    stages = [n for n in names if "stages" in n]
     report(line, where,
            f"shared memory estimate {_kib(est)} on {target} exceeds its {_kib(budget)} per block "
            f"(head_dim_k={k}, head_dim_v={v}, chunk_size={chunk}, {dtype}, "
-           + ", ".join([f"{n}={value}" for n, value in w_over] + [f"{n}={getattr(tun, n)}" for n in s_over])
-           + f"); lower {' and '.join(n for n, _ in w_over)} or {' and '.join(s_over)} in tuning.triton.{target}, "
-           "or chunk_size")
+           + ", ".join(f"{n}={getattr(tun, n)}" for n in names)
+           + f"); lower {' and '.join(widths)} or {' and '.join(stages)} in tuning.triton.{target}, or chunk_size")
 
 
 def _check_refused(where: str, line: int, target: str, tun: TritonTuning, layers: tuple[Overlay, ...],

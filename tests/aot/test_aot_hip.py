@@ -5,7 +5,7 @@
 Checks per kernel: no scratch and no spills, LDS (group segment) within the target's budget from
 kdagen/targets.py, and on AMD the occupancy budget: at least AMD_MIN_WAVES_PER_SIMD waves per SIMD
 (kdagen/amdgcn.py waves_per_simd: LLVM's "; Occupancy:", the unified VGPR+AGPR file and the static LDS, for
-the kernels' HIP_THREADS-thread workgroups); on sm_90 the ptxas report (registers, spills). Prints one line
+the kernels' workgroups: kdagen.targets.hip_intra_threads, the walk's); on sm_90 the ptxas report (registers, spills). Prints one line
 per kernel. Skips with a reason when a compiler is missing.
 
 Each source is built twice: with its target's matrix layer (templates/hip/include/kda_mma.h; both
@@ -33,7 +33,7 @@ from kdagen.amdgcn import budget_misses, read_kernels, waves_per_simd
 from kdagen.render.context import hip_context
 from kdagen.render.env import make_env, render_template
 from kdagen.spec.model import VariantSpec
-from kdagen.targets import HIP_THREADS, TARGETS, hip_intra_lds, hip_limits, hip_walk_lds
+from kdagen.targets import HIP_WIDE_THREADS, TARGETS, hip_intra_lds, hip_intra_threads, hip_limits, hip_walk_lds
 
 ROOT = Path(__file__).resolve().parents[2]
 HIP_DIR = ROOT / "generated" / "kdagen_kernels" / "hip"
@@ -100,9 +100,10 @@ def test_amd_compile(src, layer, tmp_path, capsys):
 
 
 # Off-spec combinations hip_limits admits on both AMD targets (K a multiple of 32, V of 16): the extremes, odd
-# per-thread column counts (K 96, V 48 and 80) and fp16.
+# per-thread column counts (K 96, V 48 and 80) and fp16; K = V = 256 is kda_intra's 8-wave workgroup on gfx942.
+# K = V = 96 and K = 64 / V = 128: the head dims of tests/variant_cases.py ALL_TARGETS_VARIANTS the registry lacks.
 OFF_SPEC = [(32, 16, "bf16"), (96, 48, "fp16"), (128, 128, "fp16"), (160, 80, "bf16"), (64, 256, "fp16"),
-            (128, 48, "bf16"), (256, 256, "bf16"), (224, 128, "fp16")]
+            (128, 48, "bf16"), (256, 256, "bf16"), (224, 128, "fp16"), (96, 96, "bf16"), (64, 128, "bf16")]
 
 
 @pytest.mark.skipif(CLANG is None, reason="clang-22 not found (apt-get install clang-22 lld-22, or set KDAGEN_CLANG)")
@@ -136,8 +137,9 @@ def _amd_check(src: Path, layer: str, tmp_path: Path, capsys) -> None:
             assert k.mfma == 0, f"{name}: unexpected MFMA with layer {layer}"
     assert {_short(n) for n in kernels} == _expected(layer), list(kernels)
     t = TARGETS[target]
-    # Each kernel's own workgroup (its launch bound): HIP_THREADS, the walk 64 per 16 state rows.
-    assert all(k.workgroup == HIP_THREADS for n, k in kernels.items() if "walk" not in n)
+    # Each kernel's own workgroup (its launch bound): hip_intra_threads, the walk 64 per 16 state rows.
+    K, V = _dims(src)
+    assert all(k.workgroup == hip_intra_threads(K, V, target) for n, k in kernels.items() if "walk" not in n)
     waves = {name: waves_per_simd(k, target, threads=k.workgroup) for name, k in kernels.items()}
     with capsys.disabled():
         for name, k in kernels.items():
@@ -151,7 +153,6 @@ def _amd_check(src: Path, layer: str, tmp_path: Path, capsys) -> None:
         assert k.spills == 0, f"{name}: {k.vgpr_spills} VGPR and {k.sgpr_spills} SGPR spills on {target}"
         assert k.lds <= t.smem_per_block, f"{name}: {k.lds} B LDS > {t.smem_per_block} on {target}"
         if layer == "mma":  # the LDS model kdagen.targets.hip_limits reads
-            K, V = _dims(src)
             assert k.lds == (hip_walk_lds(K, V) if "walk" in name else hip_intra_lds(K, V, target)), name
 
 
@@ -159,6 +160,25 @@ def _amd_check(src: Path, layer: str, tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("src", NV, ids=lambda p: p.stem)
 def test_nvcc_compile(src, layer, tmp_path, capsys):
+    _nvcc_check(src, layer, tmp_path, capsys)
+
+
+# Head dims the spec does not ship on sm_90: those of the all-targets spec (tests/variant_cases.py) and the K >= 160
+# ones whose kernels take one resident block fewer (kdagen.targets.hip_cuda_blocks: the defaults spill there).
+NV_OFF_SPEC = [(96, 96), (64, 128), (160, 128), (192, 192), (192, 256), (256, 64), (256, 256)]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA toolkit or `pip install nvidia-cuda-nvcc`; or set KDAGEN_NVCC)")
+@pytest.mark.parametrize(("K", "V"), NV_OFF_SPEC, ids=str)
+def test_nvcc_head_dims(K, V, tmp_path, capsys):
+    v = VariantSpec(op="kda_chunk_fwd", label="off_spec", backend="hip", dtype="bf16", head_dim_k=K, head_dim_v=V,
+                    chunk_size=64, targets=("sm_90",), tuning=(), spec_path="tests/aot/test_aot_hip.py", line=0)
+    src = tmp_path / f"{v.name}__sm_90.hip"
+    src.write_text(render_template(make_env(ROOT), "hip/kda_chunk.hip.j2", hip_context(v, "sm_90", "// (test)"), "test"))
+    _nvcc_check(src, "mma", tmp_path, capsys)
+
+
+def _nvcc_check(src: Path, layer: str, tmp_path: Path, capsys) -> None:
     target = _target(src)
     arch = target.replace("sm_", "")
     obj = tmp_path / f"{src.stem}.o"
@@ -214,9 +234,15 @@ def test_hip_limits_name_the_limit_and_the_margin():
     AMD budget names the kernel, its LDS and how far over it is; shapes the kernels cannot take name the argument."""
     for target in TARGETS:
         assert hip_limits(128, 128, 64, "fp16", target) == []
-    (why,) = hip_limits(256, 256, 64, "bf16", "gfx942")
-    assert why.startswith("kda_intra_kernel needs 54080 B of LDS on gfx942: 1 waves per SIMD") and "21312 B over" in why
-    assert hip_limits(256, 256, 64, "bf16", "gfx950") == []
+    # K = V = 256 on gfx942: 54,080 B of LDS is one workgroup per CU, so kda_intra takes the wide workgroup there
+    # (8 waves: 2 per SIMD) and nowhere else.
+    assert hip_limits(256, 256, 64, "bf16", "gfx942") == hip_limits(256, 256, 64, "bf16", "gfx950") == []
+    assert hip_intra_threads(256, 256, "gfx942") == HIP_WIDE_THREADS
+    assert {hip_intra_threads(256, 256, t) for t in ("gfx950", "sm_90")} == {256}
+    assert {hip_intra_threads(k, v, t) for k, v in ((128, 128), (64, 64), (128, 256), (96, 96)) for t in TARGETS} == {256}
+    # K = 224 cannot take the wide row layout (K / 32 columns per thread): the limit and the margin.
+    (why,) = hip_limits(224, 128, 64, "bf16", "gfx942")
+    assert why.startswith("kda_intra_kernel needs 47936 B of LDS on gfx942: 1 waves per SIMD") and "15168 B over" in why
     assert hip_limits(48, 64, 64, "bf16", "gfx950") == [
         "head_dim_k 48: the HIP kernels take multiples of 32 from 32 to 256"]
     assert [w.split(":")[0] for w in hip_limits(128, 264, 32, "fp32", "sm_90")] == [

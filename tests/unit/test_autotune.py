@@ -91,7 +91,8 @@ def test_candidates_respect_the_head_dims_and_shared_memory():
     assert {c["block_v"] for c in recurrence_candidates(small, "sm_90")} == {16, 32}
     for c in recurrence_candidates(KIMI, "gfx942"):
         for stages in (c["recurrence_stages"], c["recurrence_stages_sparse"]):
-            assert estimate_triton_smem(128, 128, 64, "bf16", c["block_v"], stages) <= TARGETS["gfx942"].smem_per_block
+            assert estimate_triton_smem(128, 128, 64, "bf16", c["block_v"], stages,
+                                        "gfx942") <= TARGETS["gfx942"].smem_per_block
     assert len(recurrence_candidates(KIMI, "gfx942")) < len(recurrence_candidates(KIMI, "sm_90"))
 
 

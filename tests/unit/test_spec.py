@@ -214,26 +214,27 @@ def test_identical_variant_twice_in_one_file(tmp_path):
 
 
 def test_smem_over_budget_on_gfx942(tmp_path):
-    # K=V=128, chunk 64, bf16 with the built-in tuning (block_v 64, 2 stages) does not fit 64 KiB.
-    estimate = estimate_triton_smem(128, 128, 64, "bf16", block_v=64, stages=2)
-    assert estimate > TARGETS["gfx942"].smem_per_block == 64 * 1024
-    kib = f"{estimate / 1024:.1f}".removesuffix(".0")
-    text = GOOD.replace("64\n    head_dim_v: 64", "128\n    head_dim_v: 128").replace("[sm_90]", "[sm_90, gfx942]")
+    # K=V=256, chunk 64, bf16 with the built-in tuning (block_v 64, 2 stages) does not fit 64 KiB: the pair's walk
+    # on whole chunks stages 128 KiB (K=V=128 fits it exactly: 64 KiB, as its AOT build asks).
+    estimate = estimate_triton_smem(256, 256, 64, "bf16", block_v=64, stages=2, target="gfx942")
+    assert estimate == 128 * 1024 > TARGETS["gfx942"].smem_per_block == 64 * 1024
+    assert estimate_triton_smem(128, 128, 64, "bf16", block_v=64, stages=2, target="gfx942") == 64 * 1024
+    text = GOOD.replace("64\n    head_dim_v: 64", "256\n    head_dim_v: 256").replace("[sm_90]", "[gfx942]")
     errs = errors_of(tmp_path, k=text)
     assert errs == [
-        f"specs/k.yaml:3: variants[0]: shared memory estimate {kib} KiB on gfx942 exceeds its 64 KiB per "
-        "block (head_dim_k=128, head_dim_v=128, chunk_size=64, bf16, block_v=64, recurrence_stages=2, "
+        "specs/k.yaml:3: variants[0]: shared memory estimate 128 KiB on gfx942 exceeds its 64 KiB per "
+        "block (head_dim_k=256, head_dim_v=256, chunk_size=64, bf16, block_v=64, recurrence_stages=2, "
         "recurrence_stages_sparse=2); lower block_v or recurrence_stages and recurrence_stages_sparse in "
         "tuning.triton.gfx942, or chunk_size"
     ]
     # Both stage counts are launched, so one that still does not fit is named alone.
     half = text + "    tuning: {triton: {gfx942: {recurrence_stages: 1, block_v: 32}}}\n"
     assert errors_of(tmp_path, k=half) == [
-        "specs/k.yaml:3: variants[0]: shared memory estimate 72 KiB on gfx942 exceeds its 64 KiB per block "
-        "(head_dim_k=128, head_dim_v=128, chunk_size=64, bf16, block_v=32, recurrence_stages_sparse=2); lower "
+        "specs/k.yaml:3: variants[0]: shared memory estimate 112 KiB on gfx942 exceeds its 64 KiB per block "
+        "(head_dim_k=256, head_dim_v=256, chunk_size=64, bf16, block_v=32, recurrence_stages_sparse=2); lower "
         "block_v or recurrence_stages_sparse in tuning.triton.gfx942, or chunk_size"
     ]
-    # The fix the message names works: the real spec's gfx942 tuning fits.
+    # The fix the message names works: one stage at 32-row slices (48 KiB).
     fixed = text + "    tuning: {triton: {gfx942: {recurrence_stages: 1, recurrence_stages_sparse: 1, block_v: 32}}}\n"
     (tmp_path / "specs" / "k.yaml").write_text(fixed)
     assert load_specs(tmp_path / "specs", tmp_path)[0].variants[0].tuning_for("gfx942").block_v == 32
@@ -327,7 +328,8 @@ def test_any_values_load_or_give_formatted_errors(tmp_path, k, v, chunk, dtype, 
     assert (variant.head_dim_k, variant.head_dim_v, variant.chunk_size) == (k, v, chunk)
     tun = variant.tuning[0][1]
     for stages in (tun.recurrence_stages, tun.recurrence_stages_sparse):
-        assert estimate_triton_smem(k, v, chunk, dtype, tun.block_v, stages) <= TARGETS[target].smem_per_block
+        assert estimate_triton_smem(k, v, chunk, dtype, tun.block_v, stages, target,
+                                    tun.intra_rows) <= TARGETS[target].smem_per_block
 
 
 def test_prologue_block_k_must_be_a_power_of_two(tmp_path):
@@ -413,23 +415,24 @@ def test_an_op_the_templates_do_not_implement_is_refused_at_its_line(tmp_path):
 
 
 def test_smem_over_budget_is_reported_once_naming_the_knob_that_overflows(tmp_path):
-    # dense_intra_rows makes the dense launch differ from the plain one while both overflow at block_v 64.
-    big = GOOD.replace("64\n    head_dim_v: 64", "128\n    head_dim_v: 128").replace("[sm_90]", "[gfx942]")
+    # dense_intra_rows makes the dense launch differ from the plain one while both overflow at block_v 64: each
+    # knob is named once.
+    big = GOOD.replace("64\n    head_dim_v: 64", "256\n    head_dim_v: 256").replace("[sm_90]", "[gfx942]")
     text = big + "    tuning: {triton: {gfx942: {dense_intra_rows: 16}}}\n"
     assert errors_of(tmp_path, k=text) == [
-        "specs/k.yaml:3: variants[0]: shared memory estimate 80 KiB on gfx942 exceeds its 64 KiB per block "
-        "(head_dim_k=128, head_dim_v=128, chunk_size=64, bf16, block_v=64, recurrence_stages=2, "
+        "specs/k.yaml:3: variants[0]: shared memory estimate 128 KiB on gfx942 exceeds its 64 KiB per block "
+        "(head_dim_k=256, head_dim_v=256, chunk_size=64, bf16, block_v=64, recurrence_stages=2, "
         "recurrence_stages_sparse=2); lower block_v or recurrence_stages and recurrence_stages_sparse in "
         "tuning.triton.gfx942, or chunk_size"]
-    # Only the dense launch overflows: its slice width is dense_block_v, and the message says so.
+    # Only the dense launch overflows (its plain walk on more programs than SMs: recurrence_stages): its slice
+    # width is dense_block_v, and the message names that knob alone.
     wide = GOOD.replace("head_dim_v: 64", "head_dim_v: 256").replace("[sm_90]", "[gfx942]") + \
         "    tuning: {triton: {gfx942: {dense_block_v: 256}}}\n"
     (tmp_path / "wide").mkdir()
     assert errors_of(tmp_path / "wide", k=wide) == [
-        "specs/k.yaml:3: variants[0]: shared memory estimate 96 KiB on gfx942 exceeds its 64 KiB per block "
-        "(head_dim_k=64, head_dim_v=256, chunk_size=64, bf16, dense_block_v=256, recurrence_stages=2, "
-        "recurrence_stages_sparse=2); lower dense_block_v or recurrence_stages and recurrence_stages_sparse in "
-        "tuning.triton.gfx942, or chunk_size"]
+        "specs/k.yaml:3: variants[0]: shared memory estimate 68 KiB on gfx942 exceeds its 64 KiB per block "
+        "(head_dim_k=64, head_dim_v=256, chunk_size=64, bf16, dense_block_v=256, recurrence_stages=2); lower "
+        "dense_block_v or recurrence_stages in tuning.triton.gfx942, or chunk_size"]
 
 
 HIP_ONLY = GOOD.replace("64\n    head_dim_v: 64", "128\n    head_dim_v: 128").replace("[triton]", "[hip]")

@@ -32,10 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The Triton pipelines of the agreed `pipeline=` plan argument, each with the gate it is run on: the intra
 # kernel needs the bounded gate (and the L2 norm in kernel); the pair takes any gate, so it runs the softplus one.
-PIPELINES = {"triton_intra+triton_walk": -5.0, "triton_pair+triton_walk": None}
-# The kernels each pipeline's chunk stage launches; every pipeline ends with the walk.
-CHUNK_KERNELS = {"triton_intra+triton_walk": {"kda_intra"}, "triton_pair+triton_walk": {"kda_prologue", "kda_wu"}}
-WALK_KERNEL = "kda_recurrence"
+PIPELINES = {"triton_intra+triton_walk": -5.0, "triton_intra_tb+triton_walk_tb": -5.0, "triton_pair+triton_walk": None}
+# The kernels each pipeline's chunk stage launches, then its walk's.
+CHUNK_KERNELS = {"triton_intra+triton_walk": {"kda_intra"}, "triton_intra_tb+triton_walk_tb": {"kda_intra_tb"},
+                 "triton_pair+triton_walk": {"kda_prologue", "kda_wu"}}
+WALK_KERNELS = {"triton_walk": "kda_recurrence", "triton_walk_tb": "kda_recurrence_tb"}
 # The Triton kernels a variant module holds, by the names the launches look them up under (Note [Kernel ABI]).
 KERNEL_NAMES = sorted(v.name for v in vars(kda).values() if isinstance(v, KernelABI))
 
@@ -138,7 +139,7 @@ def run_and_check(e: VariantEntry, pipeline: str, run: dict, ref: dict, log: lis
     launched = {name for module, name in log if module == e.module}
     others = sorted({module for module, _ in log} - {e.module})
     assert not others, f"{e.name} ({pipeline}) launched kernels of {others}"
-    want = CHUNK_KERNELS[pipeline] | {WALK_KERNEL}
+    want = CHUNK_KERNELS[pipeline] | {WALK_KERNELS[pipeline.split("+")[1]]}
     assert want <= launched, f"{e.name} ({pipeline}) launched {sorted(launched)}, not all of {sorted(want)}"
     assert o is out and none is None
     ref_o, _, terms = output_terms(**ref)

@@ -3,20 +3,24 @@
 
 Note [Pipelines]
     A plan runs two stages on one workspace. The chunk stage writes, per walk chunk, the gated operands the
-    walk reads: `triton_intra` (the Triton kda_intra on 16- or 32-row programs), `triton_pair` (the Triton
-    kda_prologue + kda_wu on whole chunks, any gate) or `hip_intra` (the HIP kda_intra_kernel on 16-row walk
-    chunks). The walk stage carries the state through the chunks and writes the output, the final state or
-    the cache rows and the checkpoints: `triton_walk` (kda_recurrence, optionally cut into groups with
-    kda_group_scan, Note [Group count]) or `hip_walk` (kda_walk_kernel, one group). A pipeline is named
+    walk reads: `triton_intra` (the Triton kda_intra on 16- or 32-row programs), `triton_intra_tb` (kda_intra_tb:
+    the same programs, writing the [rows, rows] factor T diag(beta) in place of u and not reading v),
+    `triton_pair` (the Triton kda_prologue + kda_wu on whole chunks, any gate) or `hip_intra` (the HIP
+    kda_intra_kernel on 16-row walk chunks). The walk stage carries the state through the chunks and writes the
+    output, the final state or the cache rows and the checkpoints: `triton_walk` (kda_recurrence, optionally cut
+    into groups with kda_group_scan, Note [Group count]), `triton_walk_tb` (kda_recurrence_tb: the same walk,
+    forming u = (T diag(beta)) v per chunk from triton_intra_tb's factor and v) or `hip_walk` (kda_walk_kernel,
+    one group). A pipeline is named
     "<chunk>+<walk>"; the caller may name one (`pipeline=`, or KDAGEN_PIPELINE for experiments) or leave the
     choice to `choose_pipeline` ("auto").
 
     The kernels' limits (`stage_limits`):
-    - triton_intra and hip_intra form a chunk's factors relative to its middle row, so they need a gate
+    - triton_intra, triton_intra_tb and hip_intra form a chunk's factors relative to its middle row, so they need a gate
       bounded by lower_bound >= 125 ln 2 / 16 and q, k L2-normed in kernel (`intra_fits`); triton_pair takes
       every gate.
     - hip_walk reads the 16-row walk chunks hip_intra writes, has no group split, and is absent from a library
       built on the FMA fallback (walk_threads == 0).
+    - triton_intra_tb and triton_walk_tb run only with each other (the factor replaces u in the workspace).
     - triton_* need a Triton variant of the batch's head dims, dtype and chunk size; hip_* a built library.
     An explicit pipeline that breaks one is a ValueError naming what is missing, never a substitute.
 
@@ -25,7 +29,8 @@ Note [Pipelines]
     fill enough of the GPU (RULES), followed by hip_walk where the library has it, no group split was asked
     for and the sequences are long enough for it (RULES: shorter ones take the grouped triton_walk where a
     Triton variant can follow hip_intra). A fused request whose gate the HIP kernels cannot take runs the Triton
-    pipeline.
+    pipeline. "auto" never picks triton_intra_tb+triton_walk_tb: it is an option until H200 timings say where it
+    pays.
 """
 
 from __future__ import annotations
@@ -41,8 +46,22 @@ from ..launch_knobs import dense_tuning
 from .group_scan import MAX_FORCED_GROUPS, choose_groups
 from .launch import spec_key
 
-CHUNK_STAGES = ("triton_intra", "triton_pair", "hip_intra")
-WALK_STAGES = ("triton_walk", "hip_walk")
+CHUNK_STAGES = ("triton_intra", "triton_intra_tb", "triton_pair", "hip_intra")
+WALK_STAGES = ("triton_walk", "triton_walk_tb", "hip_walk")
+# What each stage is, for a plan's describe().
+STAGE_NOTES = {
+    "triton_intra": "kda_intra, one program per walk chunk, writes qg, kg, w, u, Aqk and the decay row",
+    "triton_intra_tb": "kda_intra_tb, one program per walk chunk, writes qg, kg, w, T diag(beta), Aqk and the "
+                       "decay row; reads no v and writes no u",
+    "triton_pair": "kda_prologue + kda_wu on whole chunks (any gate)",
+    "hip_intra": "the HIP kda_intra_kernel on 16-row walk chunks",
+    "triton_walk": "kda_recurrence reads u (kda_group_scan when split)",
+    "triton_walk_tb": "kda_recurrence_tb forms u = (T diag(beta)) v per chunk from v (kda_group_scan when split)",
+    "hip_walk": "the HIP kda_walk_kernel, one group",
+}
+# The chunk stages whose walk chunks are kda_intra's programs (the factored gate of intra_fits).
+INTRA_STAGES = ("triton_intra", "triton_intra_tb", "hip_intra")
+TRITON_WALKS = ("triton_walk", "triton_walk_tb")
 HIP_INTRA_ROWS = 16  # the HIP kda_intra_kernel's walk chunk (templates/hip/include/kda_intra.h)
 
 # The gate bound kda_intra's factors need (Note [Chunk-parallel design] in triton_path.py): 16 rows of decay
@@ -131,6 +150,11 @@ class Pipeline:
     def name(self) -> str:
         return "+".join(self.stages)
 
+    @property
+    def what(self) -> str:
+        """What the two stages are (STAGE_NOTES)."""
+        return f"{STAGE_NOTES[self.chunk]}; {STAGE_NOTES[self.walk]}"
+
 
 def intra_fits(lower_bound: float | None, use_l2norm: bool) -> str | None:
     """Why triton_intra / hip_intra cannot run a batch's gate, or None."""
@@ -158,12 +182,15 @@ def stage_limits(chunk: str, walk: str, work: Work, target: Target, groups: int 
     """What keeps the pipeline (chunk, walk) from running this batch on this target; empty if nothing."""
     why = []
     gate = intra_fits(work.lower_bound, work.use_l2norm)
-    if chunk in ("triton_intra", "hip_intra") and gate is not None:
+    if chunk in INTRA_STAGES and gate is not None:
         why.append(f"{chunk} cannot take this batch: {gate} (triton_pair takes every gate)")
     if "hip" in chunk + walk and target.hip_walk_threads is None:
         why.append(f"{'hip_intra' if chunk == 'hip_intra' else 'hip_walk'} needs the HIP library: "
                    f"{target.hip_missing}")
-    if ("triton" in chunk or walk == "triton_walk") and target.triton is None:
+    if (chunk == "triton_intra_tb") != (walk == "triton_walk_tb"):
+        why.append(f"triton_intra_tb and triton_walk_tb run only together (the walk forms u from the chunk "
+                   f"stage's T diag(beta)), got {chunk}+{walk}")
+    if ("triton" in chunk or walk in TRITON_WALKS) and target.triton is None:
         why.append(f"{chunk if 'triton' in chunk else walk} needs a Triton variant: {target.triton_missing}")
     if walk == "hip_walk":
         if chunk != "hip_intra":
@@ -284,7 +311,7 @@ def _knobs(chunk: str, groups: int, work: Work, target: Target) -> dict[str, int
     if target.triton is None or target.tuning is None:
         return {"intra_rows": HIP_INTRA_ROWS} if chunk == "hip_intra" else {}
     tun = dict(target.tuning)
-    if chunk in ("triton_intra", "hip_intra") and groups == 1 and target.sms is not None:
+    if chunk in INTRA_STAGES and groups == 1 and target.sms is not None:
         dense = dense_tuning(tun)
         if work.n_walks * triton.cdiv(target.triton.HEAD_DIM_V, min(dense["block_v"], target.triton.BV)) >= target.sms:
             tun = dense

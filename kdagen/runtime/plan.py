@@ -39,7 +39,7 @@ from .jit_hip import HipLibrary
 from .pipeline import Pipeline, Program
 from .plan_metadata import META_NAMES, PlanMetadata
 from .registry import VariantEntry
-from .triton_path import chunk_buffers, chunk_launches, walk_buffers, walk_launches, walk_split
+from .triton_path import DESIGNS, chunk_buffers, chunk_launches, walk_buffers, walk_launches, walk_split
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_checkpoint_rows_free, check_inputs,
                        check_state_cache, is_real, may_overlap, no_overlap, self_overlaps)
 from .workspace import WorkspaceLayout, check_workspace
@@ -80,7 +80,7 @@ class KdaPrefillPlan:
         self.metadata = meta
         # "fused": a fused request served with its library (whichever stages run), or a HIP stage asked for.
         self.path = "fused" if into_v or "hip" in pipeline.name else "triton"
-        self.design = "pair" if pipeline.chunk == "triton_pair" else "intra"
+        self.design = DESIGNS[pipeline.chunk]
         self.groups = pipeline.groups
         self.tuning = dict(tuning) if tuning is not None else None
         self.launch_tuning = dict(pipeline.knobs)
@@ -101,7 +101,7 @@ class KdaPrefillPlan:
         split = walk_split(self.design, entry.chunk_size, rows)
         layout = WorkspaceLayout.of(
             chunk_buffers(self.design, p.B * p.T, p.H, bk, bv, entry.chunk_size, n_chunks, b.dtype, rows)
-            + (walk_buffers(self.groups, p.N, p.H, bk, bv) if pipeline.walk == "triton_walk" else []))
+            + (walk_buffers(self.groups, p.N, p.H, bk, bv) if pipeline.walk != "hip_walk" else []))
         self.workspace_bytes = layout.nbytes
         storage = (torch.empty(layout.nbytes, dtype=torch.uint8, device=b.device) if workspace is None
                    else check_workspace(workspace, layout.nbytes, b.device, OP))
@@ -133,7 +133,8 @@ class KdaPrefillPlan:
         else:
             walks = walk_launches(mod, split=split, target=target, tuning=lt, ws=ws, H=p.H, N=p.N,
                                   groups=self.groups, sms=sms, cu_seqlens=cu, chunk_offsets=co, state_ins=state_ins,
-                                  state_out=state_out, direct=direct, **routing)
+                                  state_out=state_out, direct=direct, u_from_v=pipeline.walk == "triton_walk_tb",
+                                  **routing)
         self.program = Program(pipeline, chunk, walks, direct)
 
     def describe(self) -> str:
@@ -149,6 +150,7 @@ class KdaPrefillPlan:
             f"  batch: B={p.B} T={p.T} H={p.H} K={p.K} V={p.V}, {p.N} sequences, {self.entry.chunk_size}-token "
             f"metadata chunks, lower_bound={b.lower_bound}, L2 norm in kernel={b.use_qk_l2norm}",
             f"  pipeline: {self.pipeline.name}, {self.groups} group{'s' if self.groups > 1 else ''}",
+            f"  stages: {self.pipeline.what}",
             f"  why: {self.pipeline.reason}",
             f"  knobs: {knobs}",
             f"  workspace: {self.workspace_bytes} bytes; output without `out`: {into}"))

@@ -13,7 +13,8 @@ from types import ModuleType
 import torch
 import triton
 
-from ..kernels.kda import KDA_GROUP_SCAN, KDA_INTRA, KDA_PROLOGUE, KDA_RECURRENCE, KDA_WU
+from ..kernels.kda import (KDA_GROUP_SCAN, KDA_INTRA, KDA_INTRA_TB, KDA_PROLOGUE, KDA_RECURRENCE, KDA_RECURRENCE_TB,
+                           KDA_WU)
 from ..targets import TARGETS
 from .device import INTERPRETER, interpreting
 from .launch import KernelLaunch
@@ -43,6 +44,9 @@ MIDPOINT_DIAG_MIN_LOWER_BOUND = -10.0
 #     (SPLIT = 2). The pair (kda_prologue, kda_wu) covers every gate at the variant's chunk with its 16-row
 #     sub-blocks.
 INTRA_CHUNK = 32
+# The chunk-stage designs: "intra" (kda_intra), "tb" (kda_intra_tb: T diag(beta) in place of u, the walk forms u
+# from v), "pair" (kda_prologue + kda_wu). The first two step the walk over kda_intra's programs.
+DESIGNS = {"triton_intra": "intra", "triton_intra_tb": "tb", "triton_pair": "pair", "hip_intra": "intra"}
 
 
 def diag_ref(lower_bound: float | None) -> int:
@@ -54,7 +58,7 @@ def diag_ref(lower_bound: float | None) -> int:
 def walk_split(design: str, chunk: int, rows: int = INTRA_CHUNK) -> int:
     """Walk chunks per metadata chunk (the kernels' SPLIT): kda_intra's programs of `rows` rows (the target's
     intra_rows) are the walk's steps; the pair's walk steps over whole chunks."""
-    return max(1, chunk // rows) if design == "intra" else 1
+    return max(1, chunk // rows) if design in ("intra", "tb") else 1
 
 
 def tuning_for(mod: ModuleType, target: str) -> dict[str, int]:
@@ -83,15 +87,16 @@ def chunk_buffers(design: str, T: int, H: int, bk: int, bv: int, chunk: int, n_c
                   rows: int = INTRA_CHUNK) -> Specs:
     """What a chunk stage writes and the walk reads (docs/design.md, "The workspace"), token-major: the Triton
     intra and the HIP intra ("intra", on walk chunks of `rows` rows) write qg, w, kg, u, their aqk and decay per
-    walk chunk; the pair ("pair") adds its tinv and rnorm for kda_wu.
+    walk chunk; kda_intra_tb ("tb") writes tb (T diag(beta), [T, H, rows]) in place of u; the pair ("pair") adds
+    its tinv and rnorm for kda_wu.
 
     The interpreter rounds fp32 -> bf16 toward zero where GPUs round to nearest even, so under it the
     workspace stays fp32 and CPU tests see the algorithm's own error; GPU runs store the I/O dtype."""
     io = torch.float32 if interpreting() else io
     split = walk_split(design, chunk, rows)
     wbt = chunk // split
-    bufs = [("qg", (T, H, bk), io), ("w", (T, H, bk), io), ("kg", (T, H, bk), io), ("u", (T, H, bv), io),
-            ("aqk", (T, H, wbt), io)]
+    u = ("tb", (T, H, wbt), io) if design == "tb" else ("u", (T, H, bv), io)
+    bufs = [("qg", (T, H, bk), io), ("w", (T, H, bk), io), ("kg", (T, H, bk), io), u, ("aqk", (T, H, wbt), io)]
     if design == "pair":
         bufs += [("tinv", (T, H, wbt), io), ("rnorm", (T, H, 2), torch.float32)]
     bufs.append(("decay", (max(n_chunks * split, 1), H, bk), torch.float32))
@@ -118,7 +123,8 @@ def chunk_launches(mod: ModuleType, design: str, *, target: str, tuning: Mapping
                    ws: Mapping[str, torch.Tensor], H: int, n_chunks: int, lower_bound: float | None,
                    has_bias: bool, use_l2norm: bool, cu_seqlens: torch.Tensor, chunk_indices: torch.Tensor,
                    direct: bool) -> dict[str, KernelLaunch]:
-    """The Triton chunk stage: {"intra": kda_intra} ("intra") or {"prologue", "wu"} ("pair"); {} for no work."""
+    """The Triton chunk stage: {"intra": kda_intra} ("intra"), {"intra": kda_intra_tb} ("tb") or {"prologue", "wu"}
+    ("pair"); {} for no work."""
     if n_chunks == 0 or H == 0:
         return {}
     tun = tuning
@@ -133,6 +139,15 @@ def chunk_launches(mod: ModuleType, design: str, *, target: str, tuning: Mapping
             options=dict(num_warps=tun["intra_warps"], num_stages=tun["intra_stages"]),
             static=dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=lb, H=H, qg_ws=ws["qg"],
                         w_ws=ws["w"], kg_ws=ws["kg"], u_ws=ws["u"], aqk_ws=ws["aqk"], decay_ws=ws["decay"]),
+            run_order=RUN_ORDER, direct=direct)}
+    if design == "tb":
+        split = walk_split(design, mod.CHUNK_SIZE, tun["intra_rows"])
+        return {"intra": KernelLaunch(
+            mod, KDA_INTRA_TB, (n_chunks * split, H),
+            constexprs=dict(SPLIT=split, HAS_BIAS=has_bias, DOT_F32=dot_f32, FP32_DOT=fp32_dot(target)),
+            options=dict(num_warps=tun["intra_warps"], num_stages=tun["intra_stages"]),
+            static=dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=lb, H=H, qg_ws=ws["qg"],
+                        w_ws=ws["w"], kg_ws=ws["kg"], tb_ws=ws["tb"], aqk_ws=ws["aqk"], decay_ws=ws["decay"]),
             run_order=RUN_ORDER, direct=direct)}
     chunk_static = dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=lb, H=H)
     gates = dict(LOWER_BOUND=lower_bound is not None, HAS_BIAS=has_bias, DOT_F32=dot_f32)
@@ -157,8 +172,10 @@ def walk_launches(mod: ModuleType, *, split: int, target: str, tuning: Mapping[s
                   cu_seqlens: torch.Tensor, chunk_offsets: torch.Tensor, state_ins: tuple[int, ...], state_out: int,
                   state_indices: torch.Tensor | None, has_initial_state: torch.Tensor | None,
                   checkpoint_offsets: torch.Tensor | None, checkpoint_state_indices: torch.Tensor | None,
-                  direct: bool) -> dict[int, tuple[KernelLaunch, ...]]:
-    """The Triton walk stage: per state_in, the plain walk (G = 1) or pass 1, the group scan and pass 2."""
+                  direct: bool, u_from_v: bool = False) -> dict[int, tuple[KernelLaunch, ...]]:
+    """The Triton walk stage: per state_in, the plain walk (G = 1) or pass 1, the group scan and pass 2.
+    u_from_v: kda_recurrence_tb, which forms u from v and the workspace's tb (triton_walk_tb), else
+    kda_recurrence reading u."""
     walks: dict[int, tuple[KernelLaunch, ...]] = {}
     if N == 0 or H == 0:
         return walks
@@ -170,7 +187,8 @@ def walk_launches(mod: ModuleType, *, split: int, target: str, tuning: Mapping[s
     flag = has_initial_state if has_initial_state is not None else cu_seqlens
     group_op, group_in = ws.get("group_op", spare), ws.get("group_in", spare)
     block_v = min(tun["block_v"], mod.BV)
-    walk_static = dict(qg_ws=ws["qg"], w_ws=ws["w"], kg_ws=ws["kg"], u_ws=ws["u"], aqk_ws=ws["aqk"],
+    kernel, u_source = (KDA_RECURRENCE_TB, dict(tb_ws=ws["tb"])) if u_from_v else (KDA_RECURRENCE, dict(u_ws=ws["u"]))
+    walk_static = dict(qg_ws=ws["qg"], w_ws=ws["w"], kg_ws=ws["kg"], **u_source, aqk_ws=ws["aqk"],
                        decay_ws=ws["decay"], state_indices=idx, has_initial_state=flag,
                        cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, group_op=group_op,
                        group_in=group_in, H=H, n_seq=N, G=groups)
@@ -185,7 +203,7 @@ def walk_launches(mod: ModuleType, *, split: int, target: str, tuning: Mapping[s
         ck = no_ck if mode == 0 else dict(ckpt_off=checkpoint_offsets,
                                           ckpt_idx=checkpoint_state_indices if mode == 2 else None)
         return KernelLaunch(
-            mod, KDA_RECURRENCE, grid,
+            mod, kernel, grid,
             constexprs=dict(BLOCK_V=block, STATE_IN=state_in, STATE_OUT=state_out, PASS=pass_,
                             DOT_F32=dot_f32, CHECKPOINT=mode, SPLIT=split),
             options=dict(num_warps=tun["recurrence_warps"],

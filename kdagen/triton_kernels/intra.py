@@ -1,26 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
-"""kda_intra: kda_prologue and kda_wu in one program per (walk chunk of 16 or 32 rows, head).
+"""kda_intra and kda_intra_tb: kda_prologue and kda_wu in one program per (walk chunk of 16 or 32 rows, head).
 
 For the bounded gate with |lower_bound| <= 125 ln 2 / 16 and L2-normed q and k (the plan's rule,
 triton_path.intra_fits): each input is read once and only what the walk reads is written (docs/design.md,
-"The chunk stages"). K: the head dim, BK, BV: the head dims padded to powers of two, BT: the variant's chunk, BC:
-the sub-block rows, IO: the I/O dtype.
+"The chunk stages"). kda_intra writes u = T diag(beta) v; kda_intra_tb writes the [WBT, WBT] factor T diag(beta)
+instead and does not read v, so that the walk that follows (kda_recurrence_tb) forms u from v: 512 fewer bytes
+per token and head at V = 128 (docs/performance-model.md, "Bytes by design"). K: the head dim, BK, BV: the head
+dims padded to powers of two, BT: the variant's chunk, BC: the sub-block rows, IO: the I/O dtype.
 """
 
 import triton
 import triton.language as tl
 
-from .common import bias_row, chunk_gate, chunk_rows, fast_sigmoid, gate_a, mm, mm32, mma_wide, u_slices
+from .common import bias_row, chunk_gate, chunk_rows, fast_sigmoid, gate_a, mm, mm32, mma_wide, to_io, u_slices
 
 
 @triton.jit
-def intra(q, k, v, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
-          qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, scale, lower_bound,
-          sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, H,
-          SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
-          FP32_DOT: tl.constexpr,
-          K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-          BC: tl.constexpr, IO: tl.constexpr):
+def chunk_factors(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
+                  qg_ws, kg_ws, aqk_ws, decay_ws, scale, lower_bound,
+                  sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, H,
+                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, FP32_DOT: tl.constexpr,
+                  NARROW_KW: tl.constexpr,
+                  K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, IO: tl.constexpr):
+    # One program's walk chunk: writes the decay row, qg, kg and Aqk, and returns T = (I + A)^-1 (fp32), w's
+    # operand diag(beta) k exp2(G) (in IO when NARROW_KW: w's product rounds it so anyway, and half the registers
+    # stay live across the inverse), beta and the chunk's rows (tok, ws, m_t).
     # A walk chunk is WBT = BT / SPLIT rows, the metadata chunk's SPLIT-th part; whole [WBT, BK] tiles, so no
     # value crosses a column slice.
     WBT: tl.constexpr = BT // SPLIT
@@ -61,6 +65,8 @@ def intra(q, k, v, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
     tl.store(kg_ws + ws[:, None] * BK + o_k[None, :], (b_k * tl.exp2(b_last[None, :] - b_G)).to(WS_DTYPE),
              mask=m_t[:, None])
     b_kw = b_k * (b_eg * b_beta[:, None])
+    if NARROW_KW:
+        b_kw = to_io(b_kw, IO, DOT_F32)
 
     # ---- Akk and Aqk, one product each ----------------------------------------------------------------
     # exp2(G_i - G_j) = exp2(G_i - R) exp2(R - G_j) with R the G of row WBT / 2 - 1: no factor spans more than
@@ -91,8 +97,44 @@ def intra(q, k, v, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
         # Two blocks: with Td the block-diagonal inverse and O the off-diagonal block of A, O Td O = 0, so
         # (I + A)^-1 = Td - Td O Td exactly.
         b_T = b_T - mm32(b_T, mm32(tl.where(same, 0.0, b_A), b_T, FP32_DOT), FP32_DOT)
+    return b_T, b_kw, b_beta, tok, ws, m_t
 
-    # ---- w = T diag(beta) (k exp2(G)) and u = T diag(beta) v -------------------------------------------
+
+@triton.jit
+def intra(q, k, v, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
+          qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, scale, lower_bound,
+          sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, H,
+          SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
+          FP32_DOT: tl.constexpr,
+          K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+          BC: tl.constexpr, IO: tl.constexpr):
+    # w = T diag(beta) (k exp2(G)) and u = T diag(beta) v.
+    b_T, b_kw, b_beta, tok, ws, m_t = chunk_factors(
+        q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices, qg_ws, kg_ws, aqk_ws, decay_ws, scale,
+        lower_bound, sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, H, SPLIT, HAS_BIAS, DOT_F32, FP32_DOT, False,
+        K, BK, BT, BC, IO)
+    o_k = tl.arange(0, BK)
     b_w = mm(b_T, b_kw, IO, DOT_F32)
-    tl.store(w_ws + ws[:, None] * BK + o_k[None, :], b_w.to(WS_DTYPE), mask=m_t[:, None])
-    u_slices(v, u_ws, b_T, b_beta, tok, ws, m_t, i_h, sv_t, sv_h, BLOCK_V, V, BV, IO, DOT_F32)
+    tl.store(w_ws + ws[:, None] * BK + o_k[None, :], b_w.to(w_ws.dtype.element_ty), mask=m_t[:, None])
+    u_slices(v, u_ws, b_T, b_beta, tok, ws, m_t, tl.program_id(1), sv_t, sv_h, BLOCK_V, V, BV, IO, DOT_F32)
+
+
+@triton.jit
+def intra_tb(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
+             qg_ws, w_ws, kg_ws, tb_ws, aqk_ws, decay_ws, scale, lower_bound,
+             sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, H,
+             SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, FP32_DOT: tl.constexpr,
+             K: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, IO: tl.constexpr):
+    # w = T diag(beta) (k exp2(G)) and the factor T diag(beta) itself (row i of the chunk at tb_ws[tok_i, h, :]).
+    b_T, b_kw, b_beta, tok, ws, m_t = chunk_factors(
+        q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices, qg_ws, kg_ws, aqk_ws, decay_ws, scale,
+        lower_bound, sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, H, SPLIT, HAS_BIAS, DOT_F32, FP32_DOT, True,
+        K, BK, BT, BC, IO)
+    WBT: tl.constexpr = BT // SPLIT
+    o_k = tl.arange(0, BK)
+    o_t = tl.arange(0, WBT)
+    b_w = mm(b_T, b_kw, IO, DOT_F32)
+    tl.store(w_ws + ws[:, None] * BK + o_k[None, :], b_w.to(w_ws.dtype.element_ty), mask=m_t[:, None])
+    # beta is 0 past the sequence's end, so those columns are 0 and the walk may read v there as 0 or not at all.
+    b_tb = b_T * b_beta[None, :]
+    tl.store(tb_ws + ws[:, None] * WBT + o_t[None, :], b_tb.to(tb_ws.dtype.element_ty), mask=m_t[:, None])

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""kda_recurrence, the fp32 V-first state walk over a sequence's chunks, and kda_group_scan, the start
-states of the group split (docs/design.md, "The walk stages"; runtime/group_scan.py).
+"""kda_recurrence (and kda_recurrence_tb, which forms u from v), the fp32 V-first state walk over a sequence's
+chunks, and kda_group_scan, the start states of the group split (docs/design.md, "The walk stages"; runtime/group_scan.py).
 
 K, V: the head dims; BK, BV: them padded to powers of two; BT: the variant's chunk; IO: the I/O dtype.
 """
@@ -16,8 +16,9 @@ def recurrence(qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, o, h0, ht, state_indi
                cu_seqlens, chunk_offsets, group_op, group_in, scale,
                so_t, so_h, sh0_n, sh0_h, sht_n, sht_h, H, n_slots, n_seq, G,
                ckpt, ckpt_off, ckpt_idx, sck_n, n_ckpt_rows,
+               v, tb_ws, sv_t, sv_h,
                BLOCK_V: tl.constexpr, STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr, PASS: tl.constexpr,
-               DOT_F32: tl.constexpr, CHECKPOINT: tl.constexpr, SPLIT: tl.constexpr,
+               DOT_F32: tl.constexpr, CHECKPOINT: tl.constexpr, SPLIT: tl.constexpr, U_FROM_V: tl.constexpr,
                K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
                IO: tl.constexpr):
     # Program (sequence x head, row slice, group g of G). Group g walks chunks [g * cpg, (g + 1) * cpg) of
@@ -33,6 +34,8 @@ def recurrence(qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, o, h0, ht, state_indi
     # below the sequence's length; PASS 2 writes it from the group holding that chunk.
     # SPLIT: the walk steps over chunks of WBT = BT / SPLIT rows (kda_intra's); chunk_offsets counts BT-row
     # chunks, so this sequence's first walk chunk is SPLIT * chunk_offsets[n].
+    # U_FROM_V: u = (T diag(beta)) v per chunk from kda_intra_tb's factor tb_ws [T, H, WBT] and v (u_ws is None);
+    # else u is read from u_ws (v, tb_ws, sv_t, sv_h are None / 0). u then stays fp32: it is never stored.
     WBT: tl.constexpr = BT // SPLIT
     i_nh = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1)
@@ -90,7 +93,12 @@ def recurrence(qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, o, h0, ht, state_indi
             b_qg = tl.load(qg_ws + ws[:, None] * BK + o_k[None, :], mask=m_t[:, None], other=0.0)
         b_kg = tl.load(kg_ws + ws[:, None] * BK + o_k[None, :], mask=m_t[:, None], other=0.0)
         # Transfer rows (o_v >= BV) fall outside m_v, so their u is 0.
-        b_u = tl.load(u_ws + ws[:, None] * BV + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        if U_FROM_V:
+            b_tb = tl.load(tb_ws + ws[:, None] * WBT + o_t[None, :], mask=m_t[:, None] & causal, other=0.0)
+            b_v = tl.load(v + tok[:, None] * sv_t + i_h * sv_h + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                          other=0.0)
+        else:
+            b_u = tl.load(u_ws + ws[:, None] * BV + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
         if PASS != 1:
             b_a = tl.load(aqk_ws + ws[:, None] * WBT + o_t[None, :], mask=m_t[:, None] & causal, other=0.0)
         b_d = tl.load(decay_ws + ((c0 + i_t) * H + i_h) * BK + o_k)
@@ -98,7 +106,10 @@ def recurrence(qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, o, h0, ht, state_indi
             # Chunks shorter than the V slice: every product transposed, so that its M (rows on the matrix
             # units) is BLOCK_V: Hopper's wgmma takes M = 64 per warpgroup, and a 32-row chunk as M would fall
             # back to mma.sync.
-            b_vnT = tl.trans(b_u).to(tl.float32) - mm(b_P, tl.trans(b_w), IO, DOT_F32)
+            if U_FROM_V:
+                b_vnT = mm(tl.trans(b_v), tl.trans(b_tb), IO, DOT_F32) - mm(b_P, tl.trans(b_w), IO, DOT_F32)
+            else:
+                b_vnT = tl.trans(b_u).to(tl.float32) - mm(b_P, tl.trans(b_w), IO, DOT_F32)
             if PASS != 1:
                 b_oT = mm(b_P, tl.trans(b_qg), IO, DOT_F32) * scale + mm(b_vnT, tl.trans(b_a), IO, DOT_F32)
                 tl.store(o + tok[None, :] * so_t + i_h * so_h + o_v[:, None], b_oT.to(o.dtype.element_ty),
@@ -106,7 +117,10 @@ def recurrence(qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, o, h0, ht, state_indi
             b_P = b_P * b_d[None, :] + mm(b_vnT, b_kg, IO, DOT_F32)
         else:
             b_Pt = tl.trans(b_P)
-            b_vn = b_u.to(tl.float32) - mm(b_w, b_Pt, IO, DOT_F32)
+            if U_FROM_V:
+                b_vn = mm(b_tb, b_v, IO, DOT_F32) - mm(b_w, b_Pt, IO, DOT_F32)
+            else:
+                b_vn = b_u.to(tl.float32) - mm(b_w, b_Pt, IO, DOT_F32)
             if PASS != 1:
                 b_o = mm(b_qg, b_Pt, IO, DOT_F32) * scale + mm(b_a, b_vn, IO, DOT_F32)
                 tl.store(o + tok[:, None] * so_t + i_h * so_h + o_v[None, :], b_o.to(o.dtype.element_ty),

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""kda_recurrence (and kda_recurrence_tb, which forms u from v), the fp32 V-first state walk over a sequence's
-chunks, and kda_group_scan, the start states of the group split (docs/design.md, "The walk stages"; runtime/group_scan.py).
+"""kda_recurrence and kda_recurrence_tb (which forms u from v), the fp32 V-first state walk over a sequence's
+chunks, and kda_group_scan, the start states of the group split (docs/design.md, "The walk stages";
+runtime/group_scan.py).
 
 K, V: the head dims; BK, BV: them padded to powers of two; BT: the variant's chunk; IO: the I/O dtype.
 """
@@ -16,11 +17,44 @@ def recurrence(qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, o, h0, ht, state_indi
                cu_seqlens, chunk_offsets, group_op, group_in, scale,
                so_t, so_h, sh0_n, sh0_h, sht_n, sht_h, H, n_slots, n_seq, G,
                ckpt, ckpt_off, ckpt_idx, sck_n, n_ckpt_rows,
-               v, tb_ws, sv_t, sv_h,
                BLOCK_V: tl.constexpr, STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr, PASS: tl.constexpr,
-               DOT_F32: tl.constexpr, CHECKPOINT: tl.constexpr, SPLIT: tl.constexpr, U_FROM_V: tl.constexpr,
+               DOT_F32: tl.constexpr, CHECKPOINT: tl.constexpr, SPLIT: tl.constexpr,
                K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
                IO: tl.constexpr):
+    # kda_recurrence: u from the workspace.
+    walk_chunks(qg_ws, w_ws, kg_ws, u_ws, None, None, aqk_ws, decay_ws, o, h0, ht, state_indices,
+                has_initial_state, cu_seqlens, chunk_offsets, group_op, group_in, scale, 0, 0,
+                so_t, so_h, sh0_n, sh0_h, sht_n, sht_h, H, n_slots, n_seq, G, ckpt, ckpt_off, ckpt_idx, sck_n,
+                n_ckpt_rows, BLOCK_V, STATE_IN, STATE_OUT, PASS, DOT_F32, CHECKPOINT, SPLIT, False,
+                K, V, BK, BV, BT, IO)
+
+
+@triton.jit
+def recurrence_tb(qg_ws, w_ws, kg_ws, v, tb_ws, aqk_ws, decay_ws, o, h0, ht, state_indices, has_initial_state,
+                  cu_seqlens, chunk_offsets, group_op, group_in, scale,
+                  sv_t, sv_h, so_t, so_h, sh0_n, sh0_h, sht_n, sht_h, H, n_slots, n_seq, G,
+                  ckpt, ckpt_off, ckpt_idx, sck_n, n_ckpt_rows,
+                  BLOCK_V: tl.constexpr, STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr, PASS: tl.constexpr,
+                  DOT_F32: tl.constexpr, CHECKPOINT: tl.constexpr, SPLIT: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                  IO: tl.constexpr):
+    # kda_recurrence_tb: u = (T diag(beta)) v per chunk, from kda_intra_tb's factor and v.
+    walk_chunks(qg_ws, w_ws, kg_ws, None, v, tb_ws, aqk_ws, decay_ws, o, h0, ht, state_indices,
+                has_initial_state, cu_seqlens, chunk_offsets, group_op, group_in, scale, sv_t, sv_h,
+                so_t, so_h, sh0_n, sh0_h, sht_n, sht_h, H, n_slots, n_seq, G, ckpt, ckpt_off, ckpt_idx, sck_n,
+                n_ckpt_rows, BLOCK_V, STATE_IN, STATE_OUT, PASS, DOT_F32, CHECKPOINT, SPLIT, True,
+                K, V, BK, BV, BT, IO)
+
+
+@triton.jit
+def walk_chunks(qg_ws, w_ws, kg_ws, u_ws, v, tb_ws, aqk_ws, decay_ws, o, h0, ht, state_indices, has_initial_state,
+                cu_seqlens, chunk_offsets, group_op, group_in, scale, sv_t, sv_h,
+                so_t, so_h, sh0_n, sh0_h, sht_n, sht_h, H, n_slots, n_seq, G,
+                ckpt, ckpt_off, ckpt_idx, sck_n, n_ckpt_rows,
+                BLOCK_V: tl.constexpr, STATE_IN: tl.constexpr, STATE_OUT: tl.constexpr, PASS: tl.constexpr,
+                DOT_F32: tl.constexpr, CHECKPOINT: tl.constexpr, SPLIT: tl.constexpr, U_FROM_V: tl.constexpr,
+                K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                IO: tl.constexpr):
     # Program (sequence x head, row slice, group g of G). Group g walks chunks [g * cpg, (g + 1) * cpg) of
     # its sequence, cpg = ceil(chunks / G):
     # PASS 0: G = 1, the whole walk from the initial state, writing the output and the final state.
@@ -34,8 +68,8 @@ def recurrence(qg_ws, w_ws, kg_ws, u_ws, aqk_ws, decay_ws, o, h0, ht, state_indi
     # below the sequence's length; PASS 2 writes it from the group holding that chunk.
     # SPLIT: the walk steps over chunks of WBT = BT / SPLIT rows (kda_intra's); chunk_offsets counts BT-row
     # chunks, so this sequence's first walk chunk is SPLIT * chunk_offsets[n].
-    # U_FROM_V: u = (T diag(beta)) v per chunk from kda_intra_tb's factor tb_ws [T, H, WBT] and v (u_ws is None);
-    # else u is read from u_ws (v, tb_ws, sv_t, sv_h are None / 0). u then stays fp32: it is never stored.
+    # U_FROM_V: u = (T diag(beta)) v per chunk from kda_intra_tb's factor tb_ws [T, H, WBT] and v (u_ws is None),
+    # kept in fp32 (it is never stored); else u is read from u_ws (v and tb_ws are None).
     WBT: tl.constexpr = BT // SPLIT
     i_nh = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1)

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 TRITON = [e for e in kdagen_kernels.VARIANTS if e.backend == "triton"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TB = "triton_intra_tb+triton_walk_tb"  # kda_intra_tb + kda_recurrence_tb: the walk forms u from v
 
 
 def _heads(e) -> int:
@@ -209,8 +210,12 @@ def test_group_scan_matches_reference(monkeypatch, groups):
     _run(e, args)
 
 
-def test_group_scan_k_ne_v(monkeypatch):
+@pytest.mark.parametrize("pipeline", [None, TB], ids=["auto", "tb"])
+def test_group_scan_k_ne_v(monkeypatch, pipeline):
+    # Pass 1 of the tb walk forms u from v too (its transfer rows read none).
     monkeypatch.setenv("KDAGEN_TRITON_GROUPS", "3")
+    if pipeline is not None:
+        monkeypatch.setenv("KDAGEN_PIPELINE", pipeline)
     e = max(TRITON, key=lambda e: (e.head_dim_v - e.head_dim_k, e.dtype == "bf16"))
     assert e.head_dim_k != e.head_dim_v
     c = e.chunk_size
@@ -220,8 +225,11 @@ def test_group_scan_k_ne_v(monkeypatch):
     assert torch.equal(s[1], args["initial_state"][1])
 
 
-def test_group_scan_state_cache_in_place(monkeypatch):
+@pytest.mark.parametrize("pipeline", [None, TB], ids=["auto", "tb"])
+def test_group_scan_state_cache_in_place(monkeypatch, pipeline):
     monkeypatch.setenv("KDAGEN_TRITON_GROUPS", "3")
+    if pipeline is not None:
+        monkeypatch.setenv("KDAGEN_PIPELINE", pipeline)
     e = _small()
     H, K, V = 2, e.head_dim_k, e.head_dim_v
     args = make_inputs([4 * e.chunk_size - 3, 0, 9], H, K, V, DTYPES[e.dtype], "cpu", seed=22)
@@ -249,8 +257,9 @@ TARGETS = sorted({t for e in TRITON for t in e.targets})
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("wide,groups,design", [(False, 3, None), (True, 1, "pair"), (True, 1, "intra")],
-                         ids=["small-group_scan", "k_ne_v-plain_walk-pair", "k_ne_v-plain_walk-intra"])
+@pytest.mark.parametrize("wide,groups,design", [(False, 3, None), (True, 1, "pair"), (True, 1, "intra"), (True, 1, "tb")],
+                         ids=["small-group_scan", "k_ne_v-plain_walk-pair", "k_ne_v-plain_walk-intra",
+                              "k_ne_v-plain_walk-tb"])
 def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
     # The interpreter ignores num_warps and num_stages but not the block sizes, which change the code: each
     # target's own tuning (KDAGEN_TARGET picks it, as the device would) runs its V slices (block_v, pass 1's
@@ -259,7 +268,7 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
     # (kda_wu's and kda_intra's u slices walk V, the walk's slices a V wider than K; bounded gate). sm_90's
     # 64-row V slices on kda_intra's 32-row chunks take the walk's transposed products.
     monkeypatch.setenv("KDAGEN_TARGET", target)
-    if design == "intra":
+    if design in ("intra", "tb"):
         # One SM: the plain walk counts as filling the GPU, so the batch takes the target's dense_* knobs.
         monkeypatch.setattr(planning, "device_sms", lambda device: 1)
     e = max(TRITON, key=lambda e: (e.head_dim_v - e.head_dim_k, e.dtype == "bf16")) if wide else _small()
@@ -269,7 +278,7 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
     plan = kdagen_kernels.plan_kda_prefill(
         args["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=V, dtype=DTYPES[e.dtype], device="cpu",
         lower_bound=args["lower_bound"], has_g_bias=True, use_qk_l2norm_in_kernel=True, output_final_state=True,
-        groups=groups, design=design)
+        groups=groups, **({"pipeline": TB} if design == "tb" else {"design": design}))
     mod = e.load()
     tun = mod.TUNING[target]
     assert (plan.target, plan.tuning, plan.groups, plan.design) == (target, tun, groups, design or "pair")
@@ -279,7 +288,8 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
         assert plan.program.wu.constexprs["BLOCK_K"] == tun["wu_block_k"]
         assert walks[-1].constexprs["BLOCK_V"] == min(tun["block_v"], mod.BV)
     else:
-        assert plan.program.intra.constexprs["BLOCK_V"] == min(tun["intra_block_v"], mod.BV)
+        if design == "intra":
+            assert plan.program.intra.constexprs["BLOCK_V"] == min(tun["intra_block_v"], mod.BV)
         # One SM, so the walks fill the GPU: the target's dense program rows (its walk steps over the chunk's
         # halves or quarters), warps and V slice.
         dense = dense_tuning(tun)
@@ -293,7 +303,7 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
     check(f"{e.name} on {target}'s tuning, final state", s, ref_s, _state(e))
 
 
-@pytest.mark.parametrize("design", ["intra", "pair"])
+@pytest.mark.parametrize("design", ["intra", "pair", "tb"])
 def test_both_chunk_parallel_designs_match_reference(design):
     # Half-chunk edges: sequences ending on a 32-row boundary (96), inside a first half (31, 33), a 64-row
     # chunk whose second half is empty (70 = 64 + 6), T = 0 and T = 1; K != V. The walk of "intra" steps
@@ -305,7 +315,7 @@ def test_both_chunk_parallel_designs_match_reference(design):
     plan = kdagen_kernels.plan_kda_prefill(
         cu, cu, num_heads=1, head_dim_k=e.head_dim_k, head_dim_v=e.head_dim_v, dtype=DTYPES[e.dtype],
         lower_bound=args["lower_bound"], has_g_bias=True, use_qk_l2norm_in_kernel=True, output_final_state=True,
-        design=design)
+        **({"pipeline": TB} if design == "tb" else {"design": design}))
     assert plan.design == design
     o, s = plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"], args["g_bias"],
                     initial_state=args["initial_state"], out=poisoned_out(args["v"]))

@@ -116,6 +116,10 @@ def test_a_forced_split_takes_the_triton_walk_after_the_hip_intra():
     ("hip_intra+hip_walk", _fused(), _work(), 2, "hip_walk walks each sequence as one group, got groups=2"),
     ("triton_pair+triton_walk", _fused(triton=False), _work(), None, "triton_pair needs a Triton variant"),
     ("hip_intra+triton_walk", _fused(triton=False), _work(), None, "triton_walk needs a Triton variant"),
+    ("triton_intra_tb+triton_walk_tb", _fused(), _work(lb=-8.0), None, "triton_intra_tb cannot take this batch"),
+    ("triton_intra_tb+triton_walk", _fused(), _work(), None, "triton_intra_tb and triton_walk_tb run only together"),
+    ("triton_intra+triton_walk_tb", _fused(), _work(), None, "triton_intra_tb and triton_walk_tb run only together"),
+    ("triton_intra_tb+triton_walk_tb", _fused(triton=False), _work(), None, "triton_intra_tb needs a Triton variant"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_an_explicit_pipeline_that_cannot_run_is_an_error(asked, target, work, groups, why):
     with pytest.raises(ValueError, match=f"pipeline={asked.replace('+', '.')} cannot run this batch: .*{why}"):
@@ -123,7 +127,8 @@ def test_an_explicit_pipeline_that_cannot_run_is_an_error(asked, target, work, g
 
 
 def test_explicit_pipelines_that_can_run_are_taken_as_asked():
-    for asked in ("hip_intra+hip_walk", "hip_intra+triton_walk", "triton_intra+triton_walk", "triton_pair+triton_walk"):
+    for asked in ("hip_intra+hip_walk", "hip_intra+triton_walk", "triton_intra+triton_walk", "triton_pair+triton_walk",
+                  "triton_intra_tb+triton_walk_tb"):
         p = pipeline.choose_pipeline(_work(1, 2), _fused(), pipeline=asked)
         assert p.name == asked and p.reason.startswith(f"pipeline={asked} was asked for")
 
@@ -157,6 +162,18 @@ def test_describe_names_the_stages_groups_knobs_and_why():
     assert "pipeline: triton_pair+triton_walk, 1 group" in text
     assert "why: the Triton pipeline (use_fused_chunk is False); triton_pair: the gate is not bounded" in text
     assert "one group (no GPU to fill)" in text and "knobs: block_v=" in text and "a new tensor" in text
+    assert "stages: kda_prologue + kda_wu on whole chunks (any gate); kda_recurrence reads u" in text
+
+
+def test_auto_never_picks_the_tb_pair_and_it_takes_the_intra_knobs():
+    # An option until the H200 has timed it; on walks that fill the GPU it takes the dense knobs kda_intra does.
+    for sms, fused in ((132, True), (132, False), (8, True)):
+        target = _fused(sms) if fused else pipeline.Target("sm_90", sms, MOD, TUN, None)
+        assert "_tb" not in pipeline.choose_pipeline(_work(16, 96), target).name
+    intra = pipeline.choose_pipeline(_work(16, 96), _fused(), pipeline="triton_intra+triton_walk")
+    tb = pipeline.choose_pipeline(_work(16, 96), _fused(), pipeline="triton_intra_tb+triton_walk_tb")
+    assert tb.knobs == intra.knobs and tb.knobs["intra_rows"] == 16 and tb.groups == intra.groups
+    assert "T diag(beta)" in tb.what and "forms u" in tb.what
 
 
 # ---- the plan owns its metadata ------------------------------------------------------------------

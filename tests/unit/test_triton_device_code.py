@@ -20,8 +20,8 @@ from kdagen.triton_kernels import intra, pair, walk
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON = [e for e in kdagen_kernels.VARIANTS if e.backend == "triton"]
-BODIES = {"kda_prologue": pair.prologue, "kda_wu": pair.wu, "kda_intra": intra.intra,
-          "kda_recurrence": walk.recurrence, "kda_group_scan": walk.group_scan}
+BODIES = {"kda_prologue": pair.prologue, "kda_wu": pair.wu, "kda_intra": intra.intra, "kda_intra_tb": intra.intra_tb,
+          "kda_recurrence": walk.recurrence, "kda_recurrence_tb": walk.recurrence_tb, "kda_group_scan": walk.group_scan}
 VARIANT_CONSTANTS = {"K", "V", "BK", "BV", "BT", "BC", "IO"}
 
 

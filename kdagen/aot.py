@@ -24,6 +24,9 @@ from kdagen.targets import TARGETS
 
 TL_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 CKPT_ARGS = ("ckpt", "ckpt_off", "ckpt_idx", "sck_n", "n_ckpt_rows")  # kda_recurrence's checkpoint arguments
+WALKS = ("kda_recurrence", "kda_recurrence_tb")
+INTRAS = ("kda_intra", "kda_intra_tb")
+DENSE_BUILDS = (*INTRAS, *WALKS)  # the builds a dense launch makes (pass 0 only)
 
 
 @dataclass
@@ -70,22 +73,23 @@ def _signatures(mod: ModuleType, target: str, *, lower_bound: bool, diag_ref: in
     wu_const = {"LOWER_BOUND": lower_bound, "HAS_BIAS": True, "DOT_F32": False}
     intra_const = {"SPLIT": split, "HAS_BIAS": True, "DOT_F32": False, "FP32_DOT": fp32_dot}
 
-    def rec(pass_: int) -> tuple[dict, dict]:
+    def rec(pass_: int, kernel: str = "kda_recurrence") -> tuple[dict, dict]:
         # The checkpoint arguments a launch passes as None (all of them without checkpoints and in pass 1, the
         # indices in mode 1) are constexprs, as the JIT specialises them (triton_path.walk_launches).
         mode = checkpoint if pass_ != 1 else 0
         none = [n for n in CKPT_ARGS if mode == 0 or (mode == 1 and n == "ckpt_idx")]
-        return ({**sig["kda_recurrence"], **dict.fromkeys(none, "constexpr")},
+        return ({**sig[kernel], **dict.fromkeys(none, "constexpr")},
                 {"STATE_IN": state_mode, "STATE_OUT": state_mode, "PASS": pass_, "DOT_F32": False,
                  "CHECKPOINT": mode, "SPLIT": split, **dict.fromkeys(none)})
 
     # The recurrence's passes: 0 the plain walk, 1 the group operators, 2 the walk from scanned start states
-    # (runtime/group_scan.py).
+    # (runtime/group_scan.py); both walks (kda_recurrence reads u, kda_recurrence_tb forms it from v).
     return {"kda_prologue": ("kda_prologue", sig["kda_prologue"], pro_const),
             "kda_wu": ("kda_wu", sig["kda_wu"], wu_const),
             "kda_intra": ("kda_intra", sig["kda_intra"], intra_const),
-            **{name: ("kda_recurrence", *rec(p))
-               for name, p in (("kda_recurrence", 0), ("kda_recurrence_p1", 1), ("kda_recurrence_p2", 2))},
+            "kda_intra_tb": ("kda_intra_tb", sig["kda_intra_tb"], intra_const),
+            **{f"{walk}{tag}": (walk, *rec(p, walk)) for walk in WALKS
+               for tag, p in (("", 0), ("_p1", 1), ("_p2", 2))},
             "kda_group_scan": ("kda_group_scan", sig["kda_group_scan"],
                                {"STATE_IN": state_mode, "FP32_DOT": fp32_dot, "SPLIT": split})}
 
@@ -116,7 +120,7 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
     checkpoint: the recurrence's CHECKPOINT mode (0 none, 1 row n, 2 indexed rows). tuning: knobs that
     replace the variant's own for `target` (tools/amd_triton_sweep.py). split: the walk's SPLIT, by default
     that of the design a batch of this gate gets (kda_intra's for diag_ref 2, the pair's otherwise)."""
-    from kdagen.runtime.triton_path import SCAN_ROWS, walk_split
+    from kdagen.runtime.triton_path import SCAN_ROWS, tb_block_k, walk_split
 
     t = TARGETS[target]
     tun = {**mod.TUNING[target], **(tuning or {})}
@@ -129,14 +133,17 @@ def compile_variant(mod: ModuleType, target: str, *, lower_bound: bool = True, d
             continue
         const = dict(const)
         builds = [name]
-        if kernel == "kda_recurrence":  # pass 1's row slices also divide BK (triton_path.launch_recurrence)
+        if kernel in WALKS:  # pass 1's row slices also divide BK (triton_path.launch_recurrence)
             const["BLOCK_V"] = min(tun["block_v"], mod.BV, *((mod.BK,) if const["PASS"] == 1 else ()))
             options = {"num_warps": tun["recurrence_warps"], "num_stages": tun["recurrence_stages"]}
             # A launch with no more walks than SMs takes the sparse stage count (triton_path.recurrence_stages).
             if tun["recurrence_stages_sparse"] != tun["recurrence_stages"]:
                 builds.append(name + "_sparse")
-        elif kernel == "kda_intra":
-            const["BLOCK_V"] = min(tun["intra_block_v"], mod.BV)
+        elif kernel in INTRAS:
+            if kernel == "kda_intra":
+                const["BLOCK_V"] = min(tun["intra_block_v"], mod.BV)
+            else:
+                const["BLOCK_K"] = tb_block_k(tun, mod.BK)
             options = {"num_warps": tun["intra_warps"], "num_stages": tun["intra_stages"]}
         elif kernel == "kda_group_scan":
             const["BLOCK_V"] = min(SCAN_ROWS, mod.BV)
@@ -202,7 +209,8 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
     walk on its intra_rows steps) and the paged state, the superset of the dense one; the prologue with DIAG_REF 1;
     the prologue, kda_wu, the walk's passes and the group scan on whole chunks with the softplus gate (DIAG_REF 0,
     kdagen.runtime.triton_path.diag_ref) and the dense state; kda_intra and the plain walk with the dense_*
-    knobs that a batch whose walks fill the GPU takes (pipeline.choose_pipeline), where they differ. The
+    knobs that a batch whose walks fill the GPU takes (pipeline.choose_pipeline), where they differ (kda_intra_tb
+    and kda_recurrence_tb alongside: the same bounded gate and knobs). The
     extra modes' reports are named kernel[dr1], kernel[dr0] and kernel[dense]."""
     def only(names: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(n for n in names if kernels is None or n in kernels)
@@ -224,11 +232,11 @@ def compile_checked(mod: ModuleType, target: str, *, tuning: Mapping[str, int] |
 
     tun = {**mod.TUNING[target], **(tuning or {})}
     dense = dense_tuning(tun)
-    if only(("kda_intra", "kda_recurrence")) and dense != tun:
+    if only(DENSE_BUILDS) and dense != tun:
         # Dense launches run the plain walk only, on more programs than SMs (the non-sparse stage count).
         dense["recurrence_stages_sparse"] = tun["recurrence_stages"]
         for rep in compile_variant(mod, target, lower_bound=True, diag_ref=2, state_mode=2,
-                                   kernels=only(("kda_intra", "kda_recurrence")), tuning=dense):
+                                   kernels=only(DENSE_BUILDS), tuning=dense):
             rep.kernel = f"{rep.kernel}[dense]"
             reports.append(rep)
     return reports

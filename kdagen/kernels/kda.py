@@ -71,6 +71,7 @@ KDA_INTRA_TB = KernelABI("kda_intra_tb", (
     i32("sb_t"), i32("sb_h", typical="one"),
     i32("H"),
     constexpr("SPLIT", "programs (walk chunks) per metadata chunk"),
+    constexpr("BLOCK_K", "column-slice width (BK: whole rows)"),
     constexpr("HAS_BIAS"), constexpr("DOT_F32"), constexpr("FP32_DOT"),
 ))
 

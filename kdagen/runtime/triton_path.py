@@ -47,6 +47,20 @@ INTRA_CHUNK = 32
 # The chunk-stage designs: "intra" (kda_intra), "tb" (kda_intra_tb: T diag(beta) in place of u, the walk forms u
 # from v), "pair" (kda_prologue + kda_wu). The first two step the walk over kda_intra's programs.
 DESIGNS = {"triton_intra": "intra", "triton_intra_tb": "tb", "triton_pair": "pair", "hip_intra": "intra"}
+# kda_intra_tb's column slice on 16-row programs (docs/performance-model.md, "What limits kda_intra"): on sm_90 at
+# one warp, 16-wide slices take 117 registers and no spills where whole rows take 255 and spill, so 17 programs
+# share an SM instead of 8, for 1.4x the instructions. 32-row programs on two warps gain no programs per SM from
+# slices (201 registers at 16 columns), so they keep whole rows. A compile reading, not a timing: a tuning's
+# intra_tb_block_k knob overrides it.
+TB_BLOCK_K = 16
+
+
+def tb_block_k(tun: Mapping[str, int], bk: int) -> int:
+    """kda_intra_tb's BLOCK_K: the intra_tb_block_k knob if the tuning has one, else TB_BLOCK_K on 16-row programs
+    and whole rows (BK) otherwise; at most BK."""
+    if "intra_tb_block_k" in tun:
+        return min(tun["intra_tb_block_k"], bk)
+    return min(TB_BLOCK_K, bk) if tun["intra_rows"] == 16 else bk
 
 
 def diag_ref(lower_bound: float | None) -> int:
@@ -144,7 +158,8 @@ def chunk_launches(mod: ModuleType, design: str, *, target: str, tuning: Mapping
         split = walk_split(design, mod.CHUNK_SIZE, tun["intra_rows"])
         return {"intra": KernelLaunch(
             mod, KDA_INTRA_TB, (n_chunks * split, H),
-            constexprs=dict(SPLIT=split, HAS_BIAS=has_bias, DOT_F32=dot_f32, FP32_DOT=fp32_dot(target)),
+            constexprs=dict(SPLIT=split, BLOCK_K=tb_block_k(tun, mod.BK), HAS_BIAS=has_bias, DOT_F32=dot_f32,
+                            FP32_DOT=fp32_dot(target)),
             options=dict(num_warps=tun["intra_warps"], num_stages=tun["intra_stages"]),
             static=dict(cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=lb, H=H, qg_ws=ws["qg"],
                         w_ws=ws["w"], kg_ws=ws["kg"], tb_ws=ws["tb"], aqk_ws=ws["aqk"], decay_ws=ws["decay"]),

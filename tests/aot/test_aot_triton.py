@@ -66,16 +66,21 @@ def test_compiles_for_target(e, target, capsys):
     for r in reports:
         # kda_intra on 16-row programs has one diagonal block: no off-diagonal correction.
         rows = (dense_tuning(tun) if r.kernel.endswith("[dense]") else tun)["intra_rows"]
-        two_blocks = r.kernel.startswith("kda_intra") and rows > 16
+        two_blocks = r.kernel.startswith("kda_intra") and rows > 16  # kda_intra_tb too
         if r.kernel.split("[")[0] in ("kda_group_scan", "kda_prologue") or two_blocks:
             assert any(want in m for m in r.mma), f"{r.kernel} on {target}: no {want} in {sorted(set(r.mma))}"
     # Both stage counts of the walk compile where the spec gives two (the sparse one for small launches).
     sparse = {r.kernel for r in reports if r.kernel.endswith("_sparse")}
-    assert len(sparse) == (3 if tun["recurrence_stages_sparse"] != tun["recurrence_stages"] else 0), sparse
+    # (both walks: kda_recurrence and kda_recurrence_tb, three passes each).
+    assert len(sparse) == (6 if tun["recurrence_stages_sparse"] != tun["recurrence_stages"] else 0), sparse
     # And kda_intra and the plain walk with the dense_* knobs where the spec gives them (triton_path.launch_tuning).
     dense = {r.kernel for r in reports if r.kernel.endswith("[dense]")}
     differ = dense_tuning(tun) != tun
-    assert dense == ({"kda_intra[dense]", "kda_recurrence[dense]"} if differ else set()), dense
+    assert dense == ({"kda_intra[dense]", "kda_recurrence[dense]", "kda_intra_tb[dense]", "kda_recurrence_tb[dense]"}
+                     if differ else set()), dense
+    # The tb pair is built in every mode its pipeline runs (bounded gate, plain walk and both passes).
+    assert {"kda_intra_tb", "kda_recurrence_tb", "kda_recurrence_tb_p1", "kda_recurrence_tb_p2"} <= {
+        r.kernel for r in reports}
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])

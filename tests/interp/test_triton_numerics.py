@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kdagen_kernels
-from kdagen.runtime import dispatch, planning
+from kdagen.runtime import dispatch, planning, triton_path
 from kdagen.reference import chunk_kda_prefill_reference
 from kdagen.launch_knobs import dense_tuning
 from kdagen.runtime import metadata as md
@@ -290,6 +290,8 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
     else:
         if design == "intra":
             assert plan.program.intra.constexprs["BLOCK_V"] == min(tun["intra_block_v"], mod.BV)
+        else:  # kda_intra_tb's 16-row programs take column slices
+            assert plan.program.intra.constexprs["BLOCK_K"] == triton_path.tb_block_k(dense_tuning(tun), mod.BK) < mod.BK
         # One SM, so the walks fill the GPU: the target's dense program rows (its walk steps over the chunk's
         # halves or quarters), warps and V slice.
         dense = dense_tuning(tun)

@@ -11,7 +11,7 @@ import pytest
 
 import torch
 
-from kdagen.runtime import dispatch, planning
+from kdagen.runtime import dispatch, planning, triton_path
 from kdagen.runtime.registry import VariantEntry
 from kdagen_kernels import prepare_chunk_indices, prepare_chunk_offsets
 from tests.kda_cases import make_inputs, poisoned_out
@@ -113,3 +113,16 @@ def test_all_targets_spec_variant_matches_reference(all_targets_registry, label,
     run, ref = inputs(entry, PIPELINES[pipeline], "cpu", heads=heads)
     run_and_check(entry, pipeline, run, ref, log, "triton-interp", variants=all_targets_registry)
     assert _ran(log) == {entry.name}
+
+
+@pytest.mark.parametrize("entry", triton_variants(), ids=lambda e: e.name)
+def test_tb_column_slices_match_reference(entry, monkeypatch, pipelines_ran):
+    # kda_intra_tb on 16-column slices (the GPU's 16-row programs take them; the interpreter's 32-row ones keep
+    # whole rows, which test_variant_matches_reference runs).
+    monkeypatch.setattr(triton_path, "tb_block_k", lambda tun, bk: 16)
+    log = spy_on_kernels(monkeypatch)
+    heads = 1 if max(entry.head_dim_k, entry.head_dim_v) > 128 else 2
+    pipeline = "triton_intra_tb+triton_walk_tb"
+    run, ref = inputs(entry, PIPELINES[pipeline], "cpu", heads=heads)
+    run_and_check(entry, pipeline, run, ref, log, "triton-interp")
+    pipelines_ran[f"test_variants (interpreter): {pipeline}, 16-column slices ({entry.name})"] += 1

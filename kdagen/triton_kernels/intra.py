@@ -47,6 +47,47 @@ def unit_inverse(b_A, o_t, WBT: tl.constexpr, BC: tl.constexpr, FP32_DOT: tl.con
 
 
 @triton.jit
+def chunk_setup(A_log, cu_seqlens, chunk_indices, H, SPLIT: tl.constexpr, BT: tl.constexpr):
+    # This program's head, walk chunk (index, valid rows L), its rows (o_t, m_t, tokens, workspace rows) and
+    # gate_a's pair.
+    i_h = tl.program_id(1)
+    i_s, t0, L = walk_chunk(chunk_indices, cu_seqlens, SPLIT, BT)
+    o_t = tl.arange(0, BT // SPLIT)
+    m_t = o_t < L
+    tok = t0 + o_t
+    a_h, a_x = gate_a(A_log, i_h, True)
+    return i_h, i_s, L, o_t, m_t, tok, tok * H + i_h, a_h, a_x
+
+
+@triton.jit
+def chunk_beta(raw_beta, tok, m_t, i_h, sb_t, sb_h, DOT_F32: tl.constexpr):
+    b_beta = tl.load(raw_beta + tok * sb_t + i_h * sb_h, mask=m_t, other=0.0).to(tl.float32)
+    return tl.where(m_t, fast_sigmoid(b_beta, DOT_F32), 0.0)
+
+
+@triton.jit
+def decayed_products(b_q, b_k, b_G, o_t, acc_qk, acc_kk, WBT: tl.constexpr, DOT_F32: tl.constexpr):
+    # acc + (q k^T) and acc + (k k^T), each entry decayed by exp2(G_i - G_j), on the columns of b_G.
+    # exp2(G_i - G_j) = exp2(G_i - R) exp2(R - G_j) with R the G of row WBT / 2 - 1: no factor spans more than
+    # BC rows of decay (< 2^125 at the gate's bound), and |q|, |k| <= 1 keep every kept product finite.
+    # Entries above the diagonal may overflow; they are discarded by a select, never multiplied.
+    b_R = tl.sum(tl.where((o_t == WBT // 2 - 1)[:, None], b_G, 0.0), axis=0)
+    b_col = tl.trans(b_k * tl.exp2(b_R[None, :] - b_G))
+    b_up = tl.exp2(b_G - b_R[None, :])
+    return mma_wide(b_q * b_up, b_col, acc_qk, DOT_F32), mma_wide(b_k * b_up, b_col, acc_kk, DOT_F32)
+
+
+@triton.jit
+def chunk_inverse(b_Aqk, b_Akk, b_beta, o_t, ws, m_t, aqk_ws, scale, WBT: tl.constexpr, BC: tl.constexpr,
+                  FP32_DOT: tl.constexpr):
+    # Stores Aqk (causal, scaled) and returns T = (I + A)^-1, A = diag(beta) Akk strictly below the diagonal.
+    b_aqk = tl.where(o_t[:, None] >= o_t[None, :], b_Aqk * scale, 0.0)
+    tl.store(aqk_ws + ws[:, None] * WBT + o_t[None, :], b_aqk.to(aqk_ws.dtype.element_ty), mask=m_t[:, None])
+    b_A = tl.where(o_t[:, None] > o_t[None, :], b_Akk * b_beta[:, None], 0.0)
+    return unit_inverse(b_A, o_t, WBT, BC, FP32_DOT)
+
+
+@triton.jit
 def chunk_factors(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indices,
                   qg_ws, kg_ws, aqk_ws, decay_ws, scale, lower_bound,
                   sq_t, sq_h, sk_t, sk_h, sg_t, sg_h, sb_t, sb_h, H,
@@ -59,26 +100,18 @@ def chunk_factors(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indice
     # Whole [WBT, BK] tiles, so no value crosses a column slice.
     WBT: tl.constexpr = BT // SPLIT
     tl.static_assert(WBT <= 2 * BC, "kda_intra's inverse takes at most two diagonal blocks")
-    i_h = tl.program_id(1)
     WS_DTYPE: tl.constexpr = qg_ws.dtype.element_ty
-    i_s, t0, L = walk_chunk(chunk_indices, cu_seqlens, SPLIT, BT)
-
-    o_t = tl.arange(0, WBT)
+    i_h, i_s, L, o_t, m_t, tok, ws, a_h, a_x = chunk_setup(A_log, cu_seqlens, chunk_indices, H, SPLIT, BT)
     o_k = tl.arange(0, BK)
-    m_t = o_t < L
     m_k = o_k < K
     mk = m_t[:, None] & m_k[None, :]
-    tok = t0 + o_t
-    ws = tok * H + i_h
-    a_h, a_x = gate_a(A_log, i_h, True)
     b_bias = bias_row(g_bias, i_h, o_k, m_k, K, HAS_BIAS)
     b_G = tl.cumsum(chunk_gate(raw_g, tok, L, i_h, sg_t, sg_h, o_t, o_k, m_k, b_bias, a_h, a_x, lower_bound,
                                True), axis=0)
     # G is non-increasing and rows past the end add 0, so the column minimum is G at the last valid row.
     b_last = tl.min(b_G, axis=0)
     tl.store(decay_ws + (i_s * H + i_h) * BK + o_k, tl.exp2(b_last), mask=(o_k >= 0) & (L > 0))
-    b_beta = tl.load(raw_beta + tok * sb_t + i_h * sb_h, mask=m_t, other=0.0).to(tl.float32)
-    b_beta = tl.where(m_t, fast_sigmoid(b_beta, DOT_F32), 0.0)
+    b_beta = chunk_beta(raw_beta, tok, m_t, i_h, sb_t, sb_h, DOT_F32)
     b_k = tl.load(k + tok[:, None] * sk_t + i_h * sk_h + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
     b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=1) + 1e-6)[:, None]
     b_q = tl.load(q + tok[:, None] * sq_t + i_h * sq_h + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
@@ -93,21 +126,11 @@ def chunk_factors(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indice
     if NARROW_KW:
         b_kw = to_io(b_kw, IO, DOT_F32)
 
-    # ---- Akk and Aqk, one product each ----------------------------------------------------------------
-    # exp2(G_i - G_j) = exp2(G_i - R) exp2(R - G_j) with R the G of row WBT / 2 - 1: no factor spans more than
-    # BC rows of decay (< 2^125 at the gate's bound), and |q|, |k| <= 1 keep every kept product finite.
-    # Entries above the diagonal may overflow; they are discarded by a select, never multiplied.
-    b_R = tl.sum(tl.where((o_t == WBT // 2 - 1)[:, None], b_G, 0.0), axis=0)
-    b_col = tl.trans(b_k * tl.exp2(b_R[None, :] - b_G))
-    b_up = tl.exp2(b_G - b_R[None, :])
+    # ---- Akk and Aqk, one product each, and the inverse -----------------------------------------------
     zeros = tl.zeros([WBT, WBT], dtype=tl.float32)
-    b_Aqk = mma_wide(b_q * b_up, b_col, zeros, DOT_F32)
-    b_Akk = mma_wide(b_k * b_up, b_col, zeros, DOT_F32)
-    b_aqk = tl.where(o_t[:, None] >= o_t[None, :], b_Aqk * scale, 0.0)
-    tl.store(aqk_ws + ws[:, None] * WBT + o_t[None, :], b_aqk.to(WS_DTYPE), mask=m_t[:, None])
-    b_A = tl.where(o_t[:, None] > o_t[None, :], b_Akk * b_beta[:, None], 0.0)
-
-    return unit_inverse(b_A, o_t, WBT, BC, FP32_DOT), b_kw, b_beta, tok, ws, m_t
+    b_Aqk, b_Akk = decayed_products(b_q, b_k, b_G, o_t, zeros, zeros, WBT, DOT_F32)
+    b_T = chunk_inverse(b_Aqk, b_Akk, b_beta, o_t, ws, m_t, aqk_ws, scale, WBT, BC, FP32_DOT)
+    return b_T, b_kw, b_beta, tok, ws, m_t
 
 
 @triton.jit
@@ -158,17 +181,10 @@ def sliced_factors(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indic
     # keeping it).
     WBT: tl.constexpr = BT // SPLIT
     tl.static_assert(WBT <= 2 * BC, "kda_intra's inverse takes at most two diagonal blocks")
-    i_h = tl.program_id(1)
     WS_DTYPE: tl.constexpr = qg_ws.dtype.element_ty
-    i_s, t0, L = walk_chunk(chunk_indices, cu_seqlens, SPLIT, BT)
-    o_t = tl.arange(0, WBT)
+    i_h, i_s, L, o_t, m_t, tok, ws, a_h, a_x = chunk_setup(A_log, cu_seqlens, chunk_indices, H, SPLIT, BT)
     o_s = tl.arange(0, BLOCK_K)
-    m_t = o_t < L
-    tok = t0 + o_t
-    ws = tok * H + i_h
-    a_h, a_x = gate_a(A_log, i_h, True)
-    b_beta = tl.load(raw_beta + tok * sb_t + i_h * sb_h, mask=m_t, other=0.0).to(tl.float32)
-    b_beta = tl.where(m_t, fast_sigmoid(b_beta, DOT_F32), 0.0)
+    b_beta = chunk_beta(raw_beta, tok, m_t, i_h, sb_t, sb_h, DOT_F32)
     n_q = tl.zeros([WBT], dtype=tl.float32)
     n_k = tl.zeros([WBT], dtype=tl.float32)
     ones = tl.full([WBT], 1.0, dtype=tl.float32)
@@ -181,7 +197,6 @@ def sliced_factors(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indic
         n_q += tl.sum(b_q * b_q, axis=1)
     r_k = tl.rsqrt(n_k + 1e-6)
     r_q = tl.rsqrt(n_q + 1e-6)
-    # As in chunk_factors: every factor relative to the G of row WBT / 2 - 1, column by column.
     b_Aqk = tl.zeros([WBT, WBT], dtype=tl.float32)
     b_Akk = tl.zeros([WBT, WBT], dtype=tl.float32)
     for kk in tl.static_range(0, BK, BLOCK_K):
@@ -196,15 +211,9 @@ def sliced_factors(q, k, raw_g, raw_beta, A_log, g_bias, cu_seqlens, chunk_indic
         tl.store(qg_ws + ws[:, None] * BK + o_k[None, :], (b_q * tl.exp2(b_G)).to(WS_DTYPE), mask=m_t[:, None])
         tl.store(kg_ws + ws[:, None] * BK + o_k[None, :], (b_k * tl.exp2(b_last[None, :] - b_G)).to(WS_DTYPE),
                  mask=m_t[:, None])
-        b_R = tl.sum(tl.where((o_t == WBT // 2 - 1)[:, None], b_G, 0.0), axis=0)
-        b_col = tl.trans(b_k * tl.exp2(b_R[None, :] - b_G))
-        b_up = tl.exp2(b_G - b_R[None, :])
-        b_Aqk = mma_wide(b_q * b_up, b_col, b_Aqk, DOT_F32)
-        b_Akk = mma_wide(b_k * b_up, b_col, b_Akk, DOT_F32)
-    b_aqk = tl.where(o_t[:, None] >= o_t[None, :], b_Aqk * scale, 0.0)
-    tl.store(aqk_ws + ws[:, None] * WBT + o_t[None, :], b_aqk.to(WS_DTYPE), mask=m_t[:, None])
-    b_A = tl.where(o_t[:, None] > o_t[None, :], b_Akk * b_beta[:, None], 0.0)
-    return unit_inverse(b_A, o_t, WBT, BC, FP32_DOT), b_beta, r_k, tok, ws, m_t, L
+        b_Aqk, b_Akk = decayed_products(b_q, b_k, b_G, o_t, b_Aqk, b_Akk, WBT, DOT_F32)
+    b_T = chunk_inverse(b_Aqk, b_Akk, b_beta, o_t, ws, m_t, aqk_ws, scale, WBT, BC, FP32_DOT)
+    return b_T, b_beta, r_k, tok, ws, m_t, L
 
 
 @triton.jit

@@ -5,8 +5,8 @@ Usage (repo root, GPU machine):
     PYTHONPATH=.:generated python3 tools/profile_pipelines.py --shape 96:16384:16 --shape 32:65536:1 \
         --pipeline triton_intra+triton_walk --pipeline triton_intra_tb+triton_walk_tb \
         [--knobs intra_rows=16,intra_warps=1] [--knobs intra_tb_block_k=32]
-Each --knobs set (none: the target's own) runs every pipeline; a plan's describe() line says what ran. Knobs
-replace the variant's tuning for the target (plan_kda_prefill(tuning=...)); the dense_* rule still applies.
+Every pipeline runs with the target's own knobs, then with each --knobs set in their place
+(plan_kda_prefill(tuning=...); the dense_* rule still applies); the plan's describe() lines say what ran.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--knobs", action="append", default=[], metavar="NAME=INT,...")
     a = ap.parse_args()
     base = next(e for e in kdagen_kernels.VARIANTS if e.name == VARIANT).load().TUNING[TARGET]
-    knob_sets = [parse_knobs(k) for k in a.knobs] or [{}]
+    knob_sets = [{}] + [parse_knobs(k) for k in a.knobs]  # the target's own knobs first
     for shape in a.shape:
         H, T, N = (int(x) for x in shape.split(":"))
         args, ci, co = shape_inputs(H, T, N)

@@ -29,8 +29,8 @@ E = min((e for e in kdagen_kernels.VARIANTS if e.backend == "triton" and e.dtype
 A_LOG = [0.5, 88.0, 100.0, 1e4, 40.5]
 
 # (lower_bound, pipeline): which kernels form the gate.
-PATHS = {"bounded_intra": (-5.0, "triton_intra+triton_walk"), "bounded_intra_tb": (-5.0, "triton_intra_tb+triton_walk_tb"),
-         "bounded_pair": (-5.0, "triton_pair+triton_walk"), "softplus": (None, "triton_pair+triton_walk")}
+PATHS = {"bounded_intra": (-5.0, "triton_intra+triton_walk"),
+         "bounded_intra_tb": (-5.0, "triton_intra_tb+triton_walk_tb"), "bounded_pair": (-5.0, "triton_pair+triton_walk"), "softplus": (None, "triton_pair+triton_walk")}
 
 
 @pytest.mark.parametrize("path", list(PATHS))

@@ -257,7 +257,8 @@ TARGETS = sorted({t for e in TRITON for t in e.targets})
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("wide,groups,design", [(False, 3, None), (True, 1, "pair"), (True, 1, "intra"), (True, 1, "tb")],
+@pytest.mark.parametrize("wide,groups,design",
+                         [(False, 3, None), (True, 1, "pair"), (True, 1, "intra"), (True, 1, "tb")],
                          ids=["small-group_scan", "k_ne_v-plain_walk-pair", "k_ne_v-plain_walk-intra",
                               "k_ne_v-plain_walk-tb"])
 def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
@@ -291,7 +292,8 @@ def test_target_tuning_block_sizes(monkeypatch, target, wide, groups, design):
         if design == "intra":
             assert plan.program.intra.constexprs["BLOCK_V"] == min(tun["intra_block_v"], mod.BV)
         else:  # kda_intra_tb's 16-row programs take column slices
-            assert plan.program.intra.constexprs["BLOCK_K"] == triton_path.tb_block_k(dense_tuning(tun), mod.BK) < mod.BK
+            block_k = plan.program.intra.constexprs["BLOCK_K"]
+            assert block_k == triton_path.tb_block_k(dense_tuning(tun), mod.BK) < mod.BK
         # One SM, so the walks fill the GPU: the target's dense program rows (its walk steps over the chunk's
         # halves or quarters), warps and V slice.
         dense = dense_tuning(tun)

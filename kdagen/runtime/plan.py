@@ -39,6 +39,7 @@ from .jit_hip import HipLibrary
 from .pipeline import Pipeline, Program
 from .plan_metadata import META_NAMES, PlanMetadata
 from .registry import VariantEntry
+from .stream import current_stream
 from .triton_path import chunk_buffers, chunk_launches, walk_buffers, walk_launches, walk_split
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_checkpoint_rows_free, check_inputs,
                        check_state_cache, is_real, may_overlap, no_overlap, self_overlaps)
@@ -92,6 +93,7 @@ class KdaPrefillPlan:
         self._in_shapes = {"q": (p.B, p.T, p.H, p.K), "v": (p.B, p.T, p.H, p.V)}
         self._dev_index = b.device.index if b.device.type == "cuda" else -1
         self._paged = b.state_indices is not None
+        self._hip = "hip" in pipeline.name  # its launchers take the stream from the run's values
         self._final_shape = (p.N, p.H, p.V, p.K)
         cu, ci, co = meta["cu_seqlens"], meta["chunk_indices"], meta["chunk_offsets"]
         self._cu = cu
@@ -235,7 +237,8 @@ class KdaPrefillPlan:
                   o_packed, so[1], so[2], h0 if h0 is not None else spare, ht if ht is not None else spare,
                   sh0[0], sh0[1], sht[0], sht[1], n_slots, checkpoint_state,
                   checkpoint_state.stride(0) if checkpoint_state is not None else None,
-                  checkpoint_state.shape[0] if checkpoint_state is not None else None]
+                  checkpoint_state.shape[0] if checkpoint_state is not None else None,
+                  current_stream(self._dev_index) if self._hip else 0]
         return values, state_in, o, o_packed, final
 
     def _fast_ok(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,

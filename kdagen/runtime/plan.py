@@ -230,9 +230,12 @@ class KdaPrefillPlan:
         spare = self._cu  # any valid pointer for an unused state argument; the constexprs keep it unread
         sh0 = h0.stride() if h0 is not None else (0, 0)
         sht = sh0 if ht is h0 else ht.stride() if ht is not None else (0, 0)
-        # In run_values.RUN_ORDER.
-        values = [q, k, v, raw_g, raw_beta, A_log if A_log.dim() == 1 else A_log.reshape(-1),
-                  A_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1), float(scale),
+        # In run_values.RUN_ORDER. The kernels read A_log and g_bias as ptr + i: a 1-D one is dense (checked), any
+        # other rank is flattened into a dense copy (reshape alone may give a strided view, e.g. of [H, 1] rows).
+        a_log = A_log if A_log.dim() == 1 else A_log.reshape(-1).contiguous()
+        values = [q, k, v, raw_g, raw_beta, a_log,
+                  a_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1).contiguous(),
+                  float(scale),
                   sq[1], sq[2], sk[1], sk[2], sv[1], sv[2], sg[1], sg[2], sb[1], sb[2],
                   o_packed, so[1], so[2], h0 if h0 is not None else spare, ht if ht is not None else spare,
                   sh0[0], sh0[1], sht[0], sht[1], n_slots, checkpoint_state,

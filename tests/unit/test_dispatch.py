@@ -498,3 +498,26 @@ def test_offline_builds_model_the_jit_specialisation_of_a_contiguous_call():
     assert {p.name for p in KDA_INTRA.params if p.kind == "ptr"} | {"sq_t", "sq_h", "sv_t", "sg_h"} <= aligned
     with pytest.raises(ValueError):  # only ints have a typical value
         Param("x", "ptr", "fp32", typical="aligned")
+
+
+@pytest.mark.parametrize("which", ["A_log", "g_bias"])
+def test_a_strided_multi_dim_A_log_or_g_bias_reaches_the_kernels_dense(set_interpreting, which):
+    """The kernels read A_log and g_bias as ptr + i: a 2-D strided view ([H, 1] rows of a wider tensor, every
+    other key channel of [H, 2K]) whose reshape(-1) is still a strided view is bound as a dense copy."""
+    set_interpreting(True)
+    args = make_inputs([9, 3], 2, 64, 64, torch.bfloat16, "cpu", h0=False)
+    H, K = 2, 64
+    flat = args[which]
+    wide = torch.zeros(H, 2 if which == "A_log" else 2 * K)
+    view = wide[:, :1] if which == "A_log" else wide[:, ::2]
+    view.copy_(flat.view(view.shape))
+    assert not view.reshape(-1).is_contiguous()  # the case: reshape alone keeps the stride
+    args[which] = view
+    plan = kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=K,
+                                           lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)
+    values = plan.bind(*(args[n] for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias")), K ** -0.5,
+                       None, None, None)[0]
+    from kdagen.runtime.run_values import RUN_INDEX
+
+    bound = values[RUN_INDEX[which]]
+    assert bound.is_contiguous() and torch.equal(bound, flat)

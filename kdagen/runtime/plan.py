@@ -95,6 +95,9 @@ class KdaPrefillPlan:
         self._paged = b.state_indices is not None
         self._hip = "hip" in pipeline.name  # its launchers take the stream from the run's values
         self._final_shape = (p.N, p.H, p.V, p.K)
+        # What _fast_ok compares per layer, made once: beta's shape, a state row's shape and strides, H * K.
+        self._beta_shape, self._row_shape, self._row_strides = (p.B, p.T, p.H), (p.H, p.V, p.K), (p.V * p.K, p.K, 1)
+        self._hk = p.H * p.K
         cu, ci, co = meta["cu_seqlens"], meta["chunk_indices"], meta["chunk_offsets"]
         self._cu = cu
         n_chunks = ci.shape[0] if ci.numel() else 0
@@ -250,9 +253,10 @@ class KdaPrefillPlan:
         the plan, None when one does not (then _explain says which and why)."""
         b, p = self.batch, self.problem
         dt, dev, qs, vs = b.dtype, self._dev_index, self._in_shapes["q"], self._in_shapes["v"]
+        row_shape, row_strides = self._row_shape, self._row_strides
         try:
             if not (q.shape == qs and k.shape == qs and v.shape == vs and raw_g.shape == qs
-                    and raw_beta.shape == qs[:3] and q.dtype is dt and k.dtype is dt and v.dtype is dt
+                    and raw_beta.shape == self._beta_shape and q.dtype is dt and k.dtype is dt and v.dtype is dt
                     and raw_g.dtype in FLOAT_DTYPES and raw_beta.dtype in FLOAT_DTYPES
                     and A_log.numel() == p.H and A_log.dtype in FLOAT_DTYPES
                     and q.get_device() == dev and k.get_device() == dev and v.get_device() == dev
@@ -263,7 +267,7 @@ class KdaPrefillPlan:
             strides = (q.stride(), k.stride(), v.stride(), raw_g.stride(), raw_beta.stride())
             if not (strides[0][3] == 1 and strides[1][3] == 1 and strides[2][3] == 1 and strides[3][3] == 1):
                 return None
-            if g_bias is not None and not (g_bias.numel() == p.H * p.K and g_bias.dtype in FLOAT_DTYPES
+            if g_bias is not None and not (g_bias.numel() == self._hk and g_bias.dtype in FLOAT_DTYPES
                                            and g_bias.get_device() == dev
                                            and (g_bias.is_contiguous() or g_bias.dim() != 1)):
                 return None
@@ -277,9 +281,9 @@ class KdaPrefillPlan:
                     and initial_state.get_device() == dev and initial_state.stride()[2:] == (p.K, 1))):
                 return None
             for t in (state_cache, checkpoint_state):
-                if t is not None and not (t.dim() == 4 and t.shape[1:] == self._final_shape[1:]
+                if t is not None and not (t.dim() == 4 and t.shape[1:] == row_shape
                                           and t.dtype is torch.float32 and t.get_device() == dev
-                                          and t.stride()[1:] == (p.V * p.K, p.K, 1)):
+                                          and t.stride()[1:] == row_strides):
                     return None
             if checkpoint_state is not None and b.checkpoint_state_indices is None and \
                     checkpoint_state.shape[0] < p.N:

@@ -13,7 +13,9 @@ Note [Compiled launch]
     launcher (`CompiledKernel[grid]`, which takes the same arguments) under the run's specialisation key:
     what Triton specialises a per-run value on (a tensor's dtype and 16-byte alignment; an int's == 1, % 16 and
     32-bit range; fixed arguments cannot change). A later run with the same key calls that launcher directly;
-    any other key goes through JITFunction.run again, which compiles or finds the right kernel. AMD targets
+    any other key goes through JITFunction.run again, which compiles or finds the right kernel. The run's
+    stream (run_values "stream", read once per run) is passed to that launcher, which would otherwise look the
+    device and its current stream up per launch. AMD targets
     always go through JITFunction.run: Triton also specialises their pointers on the 2 GiB buffer range, which
     nothing here can verify on a GPU. KDAGEN_TRITON_JIT_LAUNCH=1 turns the direct path off.
 """
@@ -48,7 +50,7 @@ def spec_key(values: Sequence[object]) -> tuple:
 class KernelLaunch:
     """One launch of `abi`'s kernel from module `mod` with fixed grid, constexprs, options and static args."""
 
-    __slots__ = ("abi", "grid", "_call", "_kw", "_static", "_pick", "_constexprs", "_compiled")
+    __slots__ = ("abi", "grid", "_call", "_kw", "_static", "_pick", "_constexprs", "_compiled", "_stream")
 
     def __init__(self, mod: ModuleType, abi: KernelABI, grid: tuple[int, ...], *, constexprs: Mapping[str, object],
                  options: Mapping[str, int], static: Mapping[str, object], run_order: Sequence[str],
@@ -77,6 +79,9 @@ class KernelLaunch:
         self._constexprs = dict(constexprs)
         # spec_key -> the compiled kernel's launcher; None: always JITFunction.run (Note [Compiled launch]).
         self._compiled: dict[tuple, object] | None = {} if direct else None
+        # Where the run's values hold the current stream (run_values "stream"): the compiled launcher takes it
+        # instead of asking the driver for the device and its stream on every launch.
+        self._stream = list(run_order).index("stream") if "stream" in run_order else None
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
         """values: the run's values in `run_order`; key: their spec_key, when direct launches are on."""
@@ -85,7 +90,10 @@ class KernelLaunch:
         if compiled is not None and key is not None:
             runner = compiled.get(key)
             if runner is not None:
-                runner(*args)
+                if self._stream is None:
+                    runner(*args)
+                else:
+                    runner(*args, stream=values[self._stream])
                 return
             kernel = self._call(*args, **self._kw)
             if kernel is not None and hasattr(kernel, "__getitem__"):

@@ -93,7 +93,9 @@ class KdaPrefillPlan:
         self._in_shapes = {"q": (p.B, p.T, p.H, p.K), "v": (p.B, p.T, p.H, p.V)}
         self._dev_index = b.device.index if b.device.type == "cuda" else -1
         self._paged = b.state_indices is not None
-        self._hip = "hip" in pipeline.name  # its launchers take the stream from the run's values
+        # The HIP launchers and the compiled Triton launches (Note [Compiled launch]) take the stream from the
+        # run's values; Triton's JIT launch reads it itself.
+        self._stream_needed = "hip" in pipeline.name or direct
         self._final_shape = (p.N, p.H, p.V, p.K)
         # What _fast_ok compares per layer, made once: beta's shape, a state row's shape and strides, H * K.
         self._beta_shape, self._row_shape, self._row_strides = (p.B, p.T, p.H), (p.H, p.V, p.K), (p.V * p.K, p.K, 1)
@@ -244,7 +246,7 @@ class KdaPrefillPlan:
                   sh0[0], sh0[1], sht[0], sht[1], n_slots, checkpoint_state,
                   checkpoint_state.stride(0) if checkpoint_state is not None else None,
                   checkpoint_state.shape[0] if checkpoint_state is not None else None,
-                  current_stream(self._dev_index) if self._hip else 0]
+                  current_stream(self._dev_index) if self._stream_needed else 0]
         return values, state_in, o, o_packed, final
 
     def _fast_ok(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,

@@ -4,7 +4,7 @@
 `KdaPrefillPlan.bind` builds one list per run in RUN_ORDER; each launch (a Triton KernelLaunch, a HIP
 launcher) picks the values it reads by name through `picker`, so a stage that reads a new value, or a
 reordering here, cannot make two places disagree by position. "stream" is the current stream's handle for the
-HIP launchers (0 in plans without a HIP stage: Triton's launcher reads it itself).
+HIP launchers and the compiled Triton launches (0 in plans with neither: Triton's JIT launch reads it itself).
 """
 
 from __future__ import annotations

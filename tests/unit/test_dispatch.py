@@ -472,6 +472,34 @@ def test_compiled_launches_follow_the_specialisation_key():
     assert [how for how, _, _ in log] == ["jit", "jit"]
 
 
+def test_compiled_launches_take_the_run_s_stream():
+    # The compiled launcher gets the stream of the run's values (each run's own), not a lookup of its own; the
+    # JIT launch reads the stream itself.
+    from kdagen.kernels.schema import KernelABI, i32, ptr
+    from kdagen.runtime.launch import KernelLaunch, spec_key
+
+    log = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: log.append(("direct", a, kw))
+
+    class Jit:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: (log.append(("jit", a, {k: v for k, v in kw.items() if k == "stream"})),
+                                     Compiled())[1]
+
+    abi = KernelABI("kern", (ptr("x", "fp32"), i32("n")))
+    launch = KernelLaunch(types.SimpleNamespace(kern=Jit()), abi, (4,), constexprs={}, options={}, static={},
+                          run_order=("x", "n", "stream"), direct=True)
+    x = torch.zeros(64)
+    for stream in (7, 7, 9):
+        values = [x, 32, stream]
+        launch(values, spec_key(values[:2]))
+    assert [(how, a[1], kw) for how, a, kw in log] == [("jit", 32, {}), ("direct", 32, {"stream": 7}),
+                                                       ("direct", 32, {"stream": 9})]
+
+
 def test_offline_builds_model_the_jit_specialisation_of_a_contiguous_call():
     # kdagen.aot compiles what Triton's JIT builds for contiguous, aligned tensors: 16-divisible pointers and
     # strides (attributes), ints equal to 1 as constants; AMD's buffer ops add the 32-bit pointer range.

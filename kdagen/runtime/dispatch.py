@@ -7,6 +7,7 @@ Note [Plan cache] below, and Note [Plan and run] in plan.py.
 
 from __future__ import annotations
 
+import operator
 from threading import get_ident as _get_ident
 
 import torch
@@ -56,13 +57,18 @@ def _stamp(t: torch.Tensor | None) -> object:
     return t.clone() if t.device.type == "cpu" else _REFRESH
 
 
+_VERSION = operator.attrgetter("_version")
+
+
 class _Cached:
-    __slots__ = ("key", "meta", "versioned", "by_value", "plan", "refresh")
+    __slots__ = ("key", "meta", "versioned", "versions", "by_value", "plan", "refresh")
 
     def __init__(self, key: tuple, meta: tuple, plan: KdaPrefillPlan):
         self.key, self.meta, self.plan = key, meta, plan
         stamps = [(t, _stamp(t)) for t in meta if t is not None]
-        self.versioned = tuple((t, st) for t, st in stamps if type(st) is int)
+        # The versioned tensors and their versions, compared in one C-level pass per call.
+        self.versioned = tuple(t for t, st in stamps if type(st) is int)
+        self.versions = [st for _, st in stamps if type(st) is int]
         self.by_value = tuple((t, st) for t, st in stamps if isinstance(st, torch.Tensor))
         # A plan that cannot refresh (it built chunk metadata from cu_seqlens itself) re-plans on such a tensor.
         self.refresh = any(st is _REFRESH for _, st in stamps)
@@ -70,14 +76,10 @@ class _Cached:
             self.key = None
 
     def hit(self, key: tuple, meta: tuple) -> bool:
-        if key != self.key:
+        if key != self.key or not all(map(operator.is_, meta, self.meta)):
             return False
-        for a, b in zip(meta, self.meta):
-            if a is not b:
-                return False
-        for t, ver in self.versioned:
-            if t._version != ver:
-                return False
+        if list(map(_VERSION, self.versioned)) != self.versions:
+            return False
         for t, copy in self.by_value:  # CPU inference tensors
             if not torch.equal(t, copy):
                 return False

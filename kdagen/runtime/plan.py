@@ -303,9 +303,8 @@ class KdaPrefillPlan:
                     o1 = o0 + ((vs[0] - 1) * so[0] + (vs[1] - 1) * so[1] + (vs[2] - 1) * so[2] + vs[3]) * 2
                     for t in (initial_state, state_cache, checkpoint_state):
                         if t is not None and t.numel():
-                            s0 = t.data_ptr()
-                            s1 = s0 + ((t.shape[0] - 1) * t.stride(0) + (t.shape[1] - 1) * t.stride(1)
-                                       + p.V * p.K) * 4
+                            st, s0 = t.stride(), t.data_ptr()  # t.shape[1] is H (checked above)
+                            s1 = s0 + ((t.shape[0] - 1) * st[0] + (p.H - 1) * st[1] + p.V * p.K) * 4
                             if o0 < s1 and s0 < o1:
                                 return None
             if checkpoint_state is not None and (initial_state is not None or state_cache is not None):

@@ -472,6 +472,27 @@ def test_compiled_launches_follow_the_specialisation_key():
     assert [how for how, _, _ in log] == ["jit", "jit"]
 
 
+def test_a_plan_s_run_key_separates_what_the_specialisation_key_separates():
+    # Program.run keys its compiled launchers with RunKey: runs with equal RunKeys have equal spec_keys, and every
+    # change spec_key sees (an int's 1 / % 16 / 32-bit class, a tensor's dtype or alignment, a None or a float
+    # where an int was) changes the RunKey too, also after runs with other ints in between (its int cache).
+    from kdagen.runtime.launch import RunKey, spec_key
+
+    x = torch.zeros(64)
+    base = [x, x, 32, 48, 2.0, None]
+    variants = [base, [x, x, 32, 1, 2.0, None], [x, x, 32, 40, 2.0, None], [x, x, 2**31, 48, 2.0, None],
+                [x, x[1:], 32, 48, 2.0, None], [x, x.double(), 32, 48, 2.0, None], [x, x, 32, None, 2.0, None],
+                [x, x, 32, 48.0, 2.0, None], [x, x, 32, 48, 2.0, x], [x[4:], x, 32, 48, 2.0, None],
+                [x, x, 64, 16, 2.0, None]]
+    key = RunKey()
+    runs = [(values, key(values), spec_key(values)) for values in variants + variants[::-1] + [base] * 2]
+    for a, ka, sa in runs:
+        for b, kb, sb in runs:
+            assert ka != kb or sa == sb, (a, b)  # equal RunKeys, equal spec_keys
+    assert runs[0][1] == runs[-1][1]  # the same values, the same key
+    assert len({k for _, k, _ in runs}) == len({s for _, _, s in runs})  # here: exactly spec_key's classes
+
+
 def test_compiled_launches_take_the_run_s_stream():
     # The compiled launcher gets the stream of the run's values (each run's own), not a lookup of its own; the
     # JIT launch reads the stream itself.

@@ -111,7 +111,7 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
                use_fused_chunk, output_final_state, initial_state is None, state_cache is None,
                checkpoint_state is None)
         # Inline (every layer): which (registry, thread, stream) this call's plan belongs to.
-        where = (id(variants), _get_ident(), current_stream(q.get_device()))
+        where = (id(variants), _get_ident(), current_stream(q.get_device()) if q.is_cuda else 0)
         cached = _last.get(where)
         fast = (cached is not None and type(output_final_state) is bool and type(use_qk_l2norm_in_kernel) is bool
                 and type(use_fused_chunk) is bool and cached.hit(key, meta))
@@ -124,7 +124,7 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
                            output_final_state, lower_bound, use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
                            chunk_offsets, use_fused_chunk, out, checkpoint_state, checkpoint_offsets,
                            checkpoint_state_indices, state_cache, state_indices, has_initial_state)
-    _last[(id(variants), _get_ident(), current_stream(q.get_device()))] = _Cached(key, meta, plan)
+    _last[(id(variants), _get_ident(), current_stream(q.get_device()) if q.is_cuda else 0)] = _Cached(key, meta, plan)
     return plan.run(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state, out=out,
                     state_cache=state_cache, checkpoint_state=checkpoint_state)
 

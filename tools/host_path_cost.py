@@ -157,7 +157,7 @@ def main() -> None:
     print(f"  plan.run                   {run_us:7.1f} us = {run_us / add_us:5.1f}x add_")
     if "--pieces" in argv:
         wrapper = call_us - us["call plan.run"]
-        print(f"  pieces of the cached call (its plan):")
+        print("  pieces of the cached call (its plan):")
         print(f"    wrapper (call - its plan.run) {wrapper:7.1f} us = {wrapper / add_us:5.1f}x add_")
         for name in ("call plan.run", "checks (_fast_ok)", "binding (bind)", "launches (program.run)"):
             print(f"    {name:29s} {us[name]:7.1f} us = {us[name] / add_us:5.1f}x add_")
@@ -183,7 +183,8 @@ def _pieces(plan, q, k, v, g, beta, A_log, g_bias, out, cache) -> dict:
     values, state_in = bound[0], bound[1]
     return {"call plan.run": lambda: plan.run(q, k, v, g, beta, A_log, g_bias, out=out, state_cache=cache),
             "checks (_fast_ok)": lambda: plan._fast_ok(*checks),
-            "binding (bind)": lambda: plan.bind(q, k, v, g, beta, A_log, g_bias, scale, None, out, cache, strides, None),
+            "binding (bind)": lambda: plan.bind(q, k, v, g, beta, A_log, g_bias, scale, None, out, cache, strides,
+                                                None),
             "launches (program.run)": lambda: plan.program.run(values, state_in)}
 
 

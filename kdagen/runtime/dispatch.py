@@ -7,6 +7,7 @@ Note [Plan cache] below, and Note [Plan and run] in plan.py.
 
 from __future__ import annotations
 
+import operator
 from threading import get_ident as _get_ident
 
 import torch
@@ -16,6 +17,7 @@ from .fused_choice import can_use_fused, decide_fused, fused_target  # noqa: F40
 from .plan import Batch, KdaPrefillPlan
 from .planning import make_plan
 from .registry import VariantEntry
+from .stream import current_stream
 from .validate import OP, check_flags, check_inputs, check_optional_args, check_state_cache
 
 # Before any kernel runs: the interpreters of triton 3.6 and 3.9 each fail on one of our kernels without it.
@@ -55,13 +57,18 @@ def _stamp(t: torch.Tensor | None) -> object:
     return t.clone() if t.device.type == "cpu" else _REFRESH
 
 
+_VERSION = operator.attrgetter("_version")
+
+
 class _Cached:
-    __slots__ = ("key", "meta", "versioned", "by_value", "plan", "refresh")
+    __slots__ = ("key", "meta", "versioned", "versions", "by_value", "plan", "refresh")
 
     def __init__(self, key: tuple, meta: tuple, plan: KdaPrefillPlan):
         self.key, self.meta, self.plan = key, meta, plan
         stamps = [(t, _stamp(t)) for t in meta if t is not None]
-        self.versioned = tuple((t, st) for t, st in stamps if type(st) is int)
+        # The versioned tensors and their versions, compared in one C-level pass per call.
+        self.versioned = tuple(t for t, st in stamps if type(st) is int)
+        self.versions = [st for _, st in stamps if type(st) is int]
         self.by_value = tuple((t, st) for t, st in stamps if isinstance(st, torch.Tensor))
         # A plan that cannot refresh (it built chunk metadata from cu_seqlens itself) re-plans on such a tensor.
         self.refresh = any(st is _REFRESH for _, st in stamps)
@@ -69,14 +76,10 @@ class _Cached:
             self.key = None
 
     def hit(self, key: tuple, meta: tuple) -> bool:
-        if key != self.key:
+        if key != self.key or not all(map(operator.is_, meta, self.meta)):
             return False
-        for a, b in zip(meta, self.meta):
-            if a is not b:
-                return False
-        for t, ver in self.versioned:
-            if t._version != ver:
-                return False
+        if list(map(_VERSION, self.versioned)) != self.versions:
+            return False
         for t, copy in self.by_value:  # CPU inference tensors
             if not torch.equal(t, copy):
                 return False
@@ -88,10 +91,6 @@ class _Cached:
 # (id(variants), thread, stream) -> the last plan of that registry there. A thread's entries outlive it
 # until its id is reused (a serving engine's threads live as long as the process).
 _last: dict[tuple[int, int, int], _Cached] = {}
-
-
-def _stream(q: torch.Tensor) -> int:
-    return torch.cuda.current_stream(q.device).cuda_stream
 
 
 def clear_plans() -> None:
@@ -112,7 +111,7 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
                use_fused_chunk, output_final_state, initial_state is None, state_cache is None,
                checkpoint_state is None)
         # Inline (every layer): which (registry, thread, stream) this call's plan belongs to.
-        where = (id(variants), _get_ident(), _stream(q) if q.is_cuda else 0)
+        where = (id(variants), _get_ident(), current_stream(q.get_device()) if q.is_cuda else 0)
         cached = _last.get(where)
         fast = (cached is not None and type(output_final_state) is bool and type(use_qk_l2norm_in_kernel) is bool
                 and type(use_fused_chunk) is bool and cached.hit(key, meta))
@@ -125,7 +124,7 @@ def chunk_kda_prefill(variants: tuple[VariantEntry, ...], q, k, v, raw_g, raw_be
                            output_final_state, lower_bound, use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
                            chunk_offsets, use_fused_chunk, out, checkpoint_state, checkpoint_offsets,
                            checkpoint_state_indices, state_cache, state_indices, has_initial_state)
-    _last[(id(variants), _get_ident(), _stream(q) if q.is_cuda else 0)] = _Cached(key, meta, plan)
+    _last[(id(variants), _get_ident(), current_stream(q.get_device()) if q.is_cuda else 0)] = _Cached(key, meta, plan)
     return plan.run(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state, out=out,
                     state_cache=state_cache, checkpoint_state=checkpoint_state)
 

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.hip import KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH
 from .jit_hip import HipLibrary, load_library
 from .pipeline import HIP_INTRA_ROWS
 from .run_values import RUN_INDEX, RUN_ORDER, picker
+from .stream import current_stream
 
 CHUNK = 64
 OP = "kdagen HIP launch"
@@ -104,8 +106,11 @@ def run_intra(lib: HipLibrary, ws: dict[str, torch.Tensor], *, q: torch.Tensor, 
                             has_bias=g_bias is not None, H=H)
     values: list = [None] * len(RUN_ORDER)
     for name, x in (("q", q), ("k", k), ("v", v), ("raw_g", raw_g), ("raw_beta", raw_beta), ("A_log", A_log),
-                    ("g_bias", g_bias if g_bias is not None else A_log), ("scale", scale)):
+                    ("g_bias", g_bias if g_bias is not None else A_log), ("scale", float(scale)),
+                    ("stream", current_stream(q.get_device()))):
         values[RUN_INDEX[name]] = x
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", raw_g), ("b", raw_beta)):
+        values[RUN_INDEX[f"s{name}_t"]], values[RUN_INDEX[f"s{name}_h"]] = t.stride(1), t.stride(2)
     with torch.cuda.device(q.device):
         launch(values)
 
@@ -113,11 +118,14 @@ def run_intra(lib: HipLibrary, ws: dict[str, torch.Tensor], *, q: torch.Tensor, 
 class HipIntraLaunch:
     """kda_intra_kernel as a plan's chunk stage: called with the run's values (run_values.RUN_ORDER), it writes
     the plan's workspace views `ws`, which the walk then reads. cu_seqlens and chunk_indices are the plan's
-    int32 copies; a call converts only what the kernel takes in another dtype (raw_g and raw_beta to the I/O dtype,
-    A_log and g_bias to fp32) and launches."""
+    int32 copies, bound with the workspace into the launcher once; a call converts only what the kernel takes in
+    another dtype (raw_g and raw_beta to the I/O dtype, A_log and g_bias to fp32) and launches."""
 
-    __slots__ = ("lib", "ws", "cu", "ci", "lower_bound", "has_bias", "H", "_static")
-    _VALUES = picker(("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "scale"))
+    __slots__ = ("lib", "ws", "cu", "ci", "lower_bound", "has_bias", "H", "_launch")
+    _VALUES = picker(("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t",
+                      "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "scale", "stream"))
+    _DYNAMIC = ("q", "k", "v", "g", "beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t",
+                "sg_h", "sb_t", "sb_h", "scale", "stream")
 
     def __init__(self, lib: HipLibrary, ws: dict[str, torch.Tensor], *, cu_seqlens: torch.Tensor,
                  chunk_indices: torch.Tensor, lower_bound: float, has_bias: bool, H: int):
@@ -125,37 +133,43 @@ class HipIntraLaunch:
         self.cu = _i32(cu_seqlens)
         self.ci = _i32(chunk_indices)
         n_chunks = self.ci.shape[0] if self.ci.numel() else 0
-        self._static = dict(cu_seqlens=self.cu.data_ptr(), chunk_indices=self.ci.data_ptr(),
-                            **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
-                            num_chunks=n_chunks, H=H, lower_bound=self.lower_bound)
+        self._launch = lib.launcher(KDA_INTRA_LAUNCH, dict(
+            cu_seqlens=self.cu.data_ptr(), chunk_indices=self.ci.data_ptr(),
+            **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
+            num_chunks=n_chunks, H=H, lower_bound=self.lower_bound), self._DYNAMIC)
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
-        q, k, v, raw_g, raw_beta, A_log, g_bias, scale = self._VALUES(values)
+        q, k, v, g, beta, A_log, g_bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream = \
+            self._VALUES(values)
+        io = q.dtype
         # The kernel reads the gate and beta projections in its I/O dtype (q's: the variant's dtype).
-        if raw_g.dtype != q.dtype:
-            raw_g = raw_g.to(q.dtype)
-        if raw_beta.dtype != q.dtype:
-            raw_beta = raw_beta.to(q.dtype)
-        A_log = A_log.to(torch.float32).contiguous()
-        g_bias = g_bias.to(torch.float32).contiguous() if self.has_bias else None
-        self.lib.intra(dict(
-            self._static, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), g=raw_g.data_ptr(),
-            beta=raw_beta.data_ptr(), A_log=A_log.data_ptr(), g_bias=_ptr(g_bias),
-            sq_t=q.stride(1), sq_h=q.stride(2), sk_t=k.stride(1), sk_h=k.stride(2), sv_t=v.stride(1),
-            sv_h=v.stride(2), sg_t=raw_g.stride(1), sg_h=raw_g.stride(2), sb_t=raw_beta.stride(1),
-            sb_h=raw_beta.stride(2), scale=float(scale), stream=torch.cuda.current_stream(q.device).cuda_stream))
+        if g.dtype is not io:
+            g = g.to(io)
+            sg_t, sg_h = g.stride(1), g.stride(2)
+        if beta.dtype is not io:
+            beta = beta.to(io)
+            sb_t, sb_h = beta.stride(1), beta.stride(2)
+        if A_log.dtype is not torch.float32:  # dense: the plan's checks and bind make it so
+            A_log = A_log.float()
+        bias = None
+        if self.has_bias:
+            bias = (g_bias if g_bias.dtype is torch.float32 else g_bias.float()).data_ptr()
+        self._launch([q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(), bias,
+                      sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream])
 
 
 class HipWalkLaunch:
     """kda_walk_kernel as a plan's walk stage (one group): called with the run's values (run_values.RUN_ORDER),
     it walks the workspace views `ws` that kda_intra_kernel wrote and writes the output, the final state or the
     cache rows, and the checkpoints, as the Triton walk at PASS 0 would. The metadata, the state routing and
-    the checkpoint request are the plan's copies in the kernel's dtypes; a call only reads the per-layer
-    tensors' pointers and strides."""
+    the checkpoint request are the plan's copies in the kernel's dtypes, bound into the launcher once; a call
+    only reads the per-layer tensors' pointers and strides."""
 
-    __slots__ = ("lib", "_keep", "_static", "state_in", "state_out")
+    __slots__ = ("lib", "_keep", "_launch", "state_in", "state_out")
     _VALUES = picker(("o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots", "ckpt", "sck_n",
-                      "n_ckpt_rows", "scale"))
+                      "n_ckpt_rows", "scale", "stream"))
+    _DYNAMIC = ("out", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots", "ckpt", "sck_n",
+                "n_ckpt_rows", "scale", "stream")
 
     def __init__(self, lib: HipLibrary, ws: dict[str, torch.Tensor], *, state_in: int, state_out: int,
                  cu_seqlens: torch.Tensor, chunk_offsets: torch.Tensor, H: int, N: int,
@@ -170,18 +184,16 @@ class HipWalkLaunch:
         _req((state_in != 2 and state_out != 2) or (idx is not None and flags is not None),
              "a paged state needs state_indices and has_initial_state")
         self.lib, self.state_in, self.state_out = lib, state_in, state_out
-        self._keep = (cu, co, idx, flags, ck_off, ck_idx, ws)
-        self._static = dict(**{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
-                            cu_seqlens=cu.data_ptr(), chunk_offsets=co.data_ptr(), state_in=state_in,
-                            state_out=state_out, state_idx=_ptr(idx), has_init=_ptr(flags), ckpt_off=_ptr(ck_off),
-                            ckpt_idx=_ptr(ck_idx), num_seqs=N, H=H)
+        self._keep = (cu, co, idx, flags, ck_off, ck_idx, ws)  # the launcher holds their pointers
+        self._launch = lib.launcher(KDA_WALK_LAUNCH, dict(
+            **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
+            cu_seqlens=cu.data_ptr(), chunk_offsets=co.data_ptr(), state_in=state_in, state_out=state_out,
+            state_idx=_ptr(idx), has_init=_ptr(flags), ckpt_off=_ptr(ck_off), ckpt_idx=_ptr(ck_idx), num_seqs=N,
+            H=H), self._DYNAMIC)
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
-        o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows, scale = \
+        o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows, scale, stream = \
             self._VALUES(values)
-        self.lib.walk(dict(
-            self._static, out=o.data_ptr(), so_t=so_t, so_h=so_h,
-            h0=h0.data_ptr() if self.state_in else None, sh0_n=sh0_n, sh0_h=sh0_h,
-            ht=ht.data_ptr() if self.state_out else None, sht_n=sht_n, sht_h=sht_h, n_slots=n_slots,
-            ckpt=_ptr(ckpt), sck_n=sck_n or 0, n_ckpt_rows=n_ckpt_rows or 0, scale=float(scale),
-            stream=torch.cuda.current_stream(o.device).cuda_stream))
+        self._launch([o.data_ptr(), so_t, so_h, h0.data_ptr() if self.state_in else None,
+                      ht.data_ptr() if self.state_out else None, sh0_n, sh0_h, sht_n, sht_h, n_slots,
+                      ckpt.data_ptr() if ckpt is not None else None, sck_n or 0, n_ckpt_rows or 0, scale, stream])

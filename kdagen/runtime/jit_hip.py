@@ -17,17 +17,19 @@ import ctypes
 import functools
 import hashlib
 import logging
+import operator
 import os
 import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import kdagen
 from kdagen.kernels.hip import KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH, QUERIES
+from kdagen.kernels.schema import ABIError, KernelABI
 from kdagen.targets import HIP_ABI, vendor_of
 
 from . import cache
@@ -269,6 +271,34 @@ class HipLibrary:
     def walk(self, args: Mapping[str, object]) -> None:
         """kda_walk_launch with its arguments by name: the plain walk on kda_intra_launch's workspace."""
         self.check(self._lib.kda_walk_launch(*KDA_WALK_LAUNCH.bind(args)), "walk")
+
+    def launcher(self, abi: KernelABI, static: Mapping[str, object],
+                 dynamic: Sequence[str]) -> Callable[[list], None]:
+        """`abi`'s launcher with the `static` arguments converted to their C types once (a plan's workspace and
+        metadata pointers, its counts): the returned function takes the `dynamic` ones' values, in that order,
+        as a list, and raises on a launch error as intra / walk do. Every parameter is in exactly one of the two.
+        A per-layer launch then costs one itemgetter and the C call (ctypes converts only the dynamic values)."""
+        fn = getattr(self._lib, abi.name)
+        names = [p.name for p in abi.params]
+        both, unknown = set(static) & set(dynamic), (set(static) | set(dynamic)) - set(names)
+        missing = [n for n in names if n not in static and n not in dynamic]
+        if both or unknown or missing or len(set(dynamic)) != len(dynamic):
+            raise ABIError(f"{abi.name}: parameters {missing} have no value; {sorted(both)} are both static and "
+                           f"dynamic; {sorted(unknown)} are not parameters (or a dynamic name repeats)")
+        types = dict(zip(names, fn.argtypes))
+        fixed_names = [n for n in names if n in static]
+        fixed = [types[n](static[n]) for n in fixed_names]
+        where = {n: i for i, n in enumerate(dynamic)}
+        where.update({n: len(dynamic) + i for i, n in enumerate(fixed_names)})
+        pick = operator.itemgetter(*(where[n] for n in names))
+        check, what = self.check, abi.name.removeprefix("kda_").removesuffix("_launch")
+
+        def launch(values: list) -> None:
+            code = fn(*pick(values + fixed))
+            if code != 0:
+                check(code, what)
+
+        return launch
 
     def smem_bytes(self) -> tuple[int, int]:
         """Shared memory per block of kda_intra_kernel and kda_walk_kernel."""

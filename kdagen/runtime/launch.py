@@ -12,14 +12,18 @@ Note [Compiled launch]
     machine's host for our kernels). After a launch through it, a KernelLaunch keeps the compiled kernel's own
     launcher (`CompiledKernel[grid]`, which takes the same arguments) under the run's specialisation key:
     what Triton specialises a per-run value on (a tensor's dtype and 16-byte alignment; an int's == 1, % 16 and
-    32-bit range; fixed arguments cannot change). A later run with the same key calls that launcher directly;
-    any other key goes through JITFunction.run again, which compiles or finds the right kernel. AMD targets
+    32-bit range; fixed arguments cannot change; a plan's Program computes it as `RunKey`, which costs less and
+    determines it). A later run with the same key calls that launcher directly;
+    any other key goes through JITFunction.run again, which compiles or finds the right kernel. The run's
+    stream (run_values "stream", read once per run) is passed to that launcher, which would otherwise look the
+    device and its current stream up per launch. AMD targets
     always go through JITFunction.run: Triton also specialises their pointers on the 2 GiB buffer range, which
     nothing here can verify on a GPU. KDAGEN_TRITON_JIT_LAUNCH=1 turns the direct path off.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Mapping, Sequence
 from types import ModuleType
@@ -45,10 +49,53 @@ def spec_key(values: Sequence[object]) -> tuple:
     return tuple(key)
 
 
+_DATA_PTR = operator.methodcaller("data_ptr")
+_DTYPE = operator.attrgetter("dtype")
+
+
+def _getter(positions: Sequence[int]):
+    """values -> the values at `positions`, always as a tuple."""
+    if not positions:
+        return lambda values: ()
+    get = operator.itemgetter(*positions)
+    return get if len(positions) > 1 else lambda values: (get(values),)
+
+
+class RunKey:
+    """spec_key's equivalent for a plan's runs, at about half its cost: a key that determines spec_key (equal keys
+    have equal spec_keys), so a compiled launcher found under it is the one JITFunction.run would pick.
+
+    It holds the values' types, the tensors' dtypes, whether every tensor is 16-byte aligned (else each one's
+    alignment) and the ints' specialisation, recomputed only when an int differs from the last run's (a model's
+    layers share their strides). Which positions hold tensors and ints is learnt from the types, which are part of
+    the key and compared on every run."""
+
+    __slots__ = ("_types", "_tensors", "_ints", "_last_ints", "_int_key")
+
+    def __init__(self) -> None:
+        self._types: tuple | None = None
+        self._last_ints: tuple | None = None
+
+    def __call__(self, values: Sequence[object]) -> tuple:
+        types = tuple(map(type, values))
+        if types != self._types:
+            self._types = types
+            self._tensors = _getter([i for i, t in enumerate(types) if issubclass(t, torch.Tensor)])
+            self._ints = _getter([i for i, t in enumerate(types) if t is int])
+            self._last_ints = None
+        ints = self._ints(values)
+        if ints != self._last_ints:
+            self._last_ints, self._int_key = ints, tuple((x == 1, x % 16 == 0, x in _I32) for x in ints)
+        tensors = self._tensors(values)
+        ptrs = tuple(map(_DATA_PTR, tensors))
+        aligned = True if functools.reduce(operator.or_, ptrs, 0) % 16 == 0 else tuple(p % 16 == 0 for p in ptrs)
+        return types, tuple(map(_DTYPE, tensors)), aligned, self._int_key
+
+
 class KernelLaunch:
     """One launch of `abi`'s kernel from module `mod` with fixed grid, constexprs, options and static args."""
 
-    __slots__ = ("abi", "grid", "_call", "_kw", "_static", "_pick", "_constexprs", "_compiled")
+    __slots__ = ("abi", "grid", "_call", "_kw", "_static", "_pick", "_constexprs", "_compiled", "_stream")
 
     def __init__(self, mod: ModuleType, abi: KernelABI, grid: tuple[int, ...], *, constexprs: Mapping[str, object],
                  options: Mapping[str, int], static: Mapping[str, object], run_order: Sequence[str],
@@ -77,6 +124,9 @@ class KernelLaunch:
         self._constexprs = dict(constexprs)
         # spec_key -> the compiled kernel's launcher; None: always JITFunction.run (Note [Compiled launch]).
         self._compiled: dict[tuple, object] | None = {} if direct else None
+        # Where the run's values hold the current stream (run_values "stream"): the compiled launcher takes it
+        # instead of asking the driver for the device and its stream on every launch.
+        self._stream = list(run_order).index("stream") if "stream" in run_order else None
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
         """values: the run's values in `run_order`; key: their spec_key, when direct launches are on."""
@@ -85,7 +135,10 @@ class KernelLaunch:
         if compiled is not None and key is not None:
             runner = compiled.get(key)
             if runner is not None:
-                runner(*args)
+                if self._stream is None:
+                    runner(*args)
+                else:
+                    runner(*args, stream=values[self._stream])
                 return
             kernel = self._call(*args, **self._kw)
             if kernel is not None and hasattr(kernel, "__getitem__"):

@@ -44,7 +44,7 @@ import triton
 
 from ..launch_knobs import dense_tuning
 from .group_scan import MAX_FORCED_GROUPS, choose_groups
-from .launch import spec_key
+from .launch import RunKey
 
 CHUNK_STAGES = ("triton_intra", "triton_intra_tb", "triton_pair", "hip_intra")
 WALK_STAGES = ("triton_walk", "triton_walk_tb", "hip_walk")
@@ -325,7 +325,7 @@ class Program:
     state_in (0 zeros, 1 a dense initial_state, 2 the paged cache). Each launch picks its values from the run's
     list by name (run_values.RUN_ORDER)."""
 
-    __slots__ = ("pipeline", "intra", "prologue", "wu", "walks", "direct", "groups", "_chunk")
+    __slots__ = ("pipeline", "intra", "prologue", "wu", "walks", "direct", "groups", "_chunk", "_key")
 
     def __init__(self, pipeline: Pipeline, chunk: Mapping[str, Any], walks: Mapping[int, tuple], direct: bool):
         self.pipeline = pipeline
@@ -333,13 +333,14 @@ class Program:
         self._chunk = tuple(x for x in (self.intra, self.prologue, self.wu) if x is not None)
         self.walks = dict(walks)
         self.direct = direct  # Note [Compiled launch]: the Triton launches take a specialisation key
+        self._key = RunKey() if direct else None
         self.groups = pipeline.groups
 
     def launches(self, state_in: int) -> tuple:
         return self._chunk + self.walks.get(state_in, ())
 
     def run(self, values: list, state_in: int) -> None:
-        key = spec_key(values) if self.direct else None
+        key = self._key(values) if self._key is not None else None
         for launch in self._chunk:
             launch(values, key)
         for launch in self.walks.get(state_in, ()):

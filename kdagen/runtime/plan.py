@@ -39,6 +39,7 @@ from .jit_hip import HipLibrary
 from .pipeline import Pipeline, Program
 from .plan_metadata import META_NAMES, PlanMetadata
 from .registry import VariantEntry
+from .stream import current_stream
 from .triton_path import DESIGNS, chunk_buffers, chunk_launches, walk_buffers, walk_launches, walk_split
 from .validate import (FLOAT_DTYPES, OP, Problem, check_checkpoint, check_checkpoint_rows_free, check_inputs,
                        check_state_cache, is_real, may_overlap, no_overlap, self_overlaps)
@@ -92,7 +93,13 @@ class KdaPrefillPlan:
         self._in_shapes = {"q": (p.B, p.T, p.H, p.K), "v": (p.B, p.T, p.H, p.V)}
         self._dev_index = b.device.index if b.device.type == "cuda" else -1
         self._paged = b.state_indices is not None
+        # The HIP launchers and the compiled Triton launches (Note [Compiled launch]) take the stream from the
+        # run's values; Triton's JIT launch reads it itself.
+        self._stream_needed = "hip" in pipeline.name or direct
         self._final_shape = (p.N, p.H, p.V, p.K)
+        # What _fast_ok compares per layer, made once: beta's shape, a state row's shape and strides, H * K.
+        self._beta_shape, self._row_shape, self._row_strides = (p.B, p.T, p.H), (p.H, p.V, p.K), (p.V * p.K, p.K, 1)
+        self._hk = p.H * p.K
         cu, ci, co = meta["cu_seqlens"], meta["chunk_indices"], meta["chunk_offsets"]
         self._cu = cu
         n_chunks = ci.shape[0] if ci.numel() else 0
@@ -230,14 +237,18 @@ class KdaPrefillPlan:
         spare = self._cu  # any valid pointer for an unused state argument; the constexprs keep it unread
         sh0 = h0.stride() if h0 is not None else (0, 0)
         sht = sh0 if ht is h0 else ht.stride() if ht is not None else (0, 0)
-        # In run_values.RUN_ORDER.
-        values = [q, k, v, raw_g, raw_beta, A_log if A_log.dim() == 1 else A_log.reshape(-1),
-                  A_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1), float(scale),
+        # In run_values.RUN_ORDER. The kernels read A_log and g_bias as ptr + i: a 1-D one is dense (checked), any
+        # other rank is flattened into a dense copy (reshape alone may give a strided view, e.g. of [H, 1] rows).
+        a_log = A_log if A_log.dim() == 1 else A_log.reshape(-1).contiguous()
+        values = [q, k, v, raw_g, raw_beta, a_log,
+                  a_log if g_bias is None else g_bias if g_bias.dim() == 1 else g_bias.reshape(-1).contiguous(),
+                  float(scale),
                   sq[1], sq[2], sk[1], sk[2], sv[1], sv[2], sg[1], sg[2], sb[1], sb[2],
                   o_packed, so[1], so[2], h0 if h0 is not None else spare, ht if ht is not None else spare,
                   sh0[0], sh0[1], sht[0], sht[1], n_slots, checkpoint_state,
                   checkpoint_state.stride(0) if checkpoint_state is not None else None,
-                  checkpoint_state.shape[0] if checkpoint_state is not None else None]
+                  checkpoint_state.shape[0] if checkpoint_state is not None else None,
+                  current_stream(self._dev_index) if self._stream_needed else 0]
         return values, state_in, o, o_packed, final
 
     def _fast_ok(self, q, k, v, raw_g, raw_beta, A_log, g_bias, initial_state, out, state_cache,
@@ -246,9 +257,10 @@ class KdaPrefillPlan:
         the plan, None when one does not (then _explain says which and why)."""
         b, p = self.batch, self.problem
         dt, dev, qs, vs = b.dtype, self._dev_index, self._in_shapes["q"], self._in_shapes["v"]
+        row_shape, row_strides = self._row_shape, self._row_strides
         try:
             if not (q.shape == qs and k.shape == qs and v.shape == vs and raw_g.shape == qs
-                    and raw_beta.shape == qs[:3] and q.dtype is dt and k.dtype is dt and v.dtype is dt
+                    and raw_beta.shape == self._beta_shape and q.dtype is dt and k.dtype is dt and v.dtype is dt
                     and raw_g.dtype in FLOAT_DTYPES and raw_beta.dtype in FLOAT_DTYPES
                     and A_log.numel() == p.H and A_log.dtype in FLOAT_DTYPES
                     and q.get_device() == dev and k.get_device() == dev and v.get_device() == dev
@@ -259,7 +271,7 @@ class KdaPrefillPlan:
             strides = (q.stride(), k.stride(), v.stride(), raw_g.stride(), raw_beta.stride())
             if not (strides[0][3] == 1 and strides[1][3] == 1 and strides[2][3] == 1 and strides[3][3] == 1):
                 return None
-            if g_bias is not None and not (g_bias.numel() == p.H * p.K and g_bias.dtype in FLOAT_DTYPES
+            if g_bias is not None and not (g_bias.numel() == self._hk and g_bias.dtype in FLOAT_DTYPES
                                            and g_bias.get_device() == dev
                                            and (g_bias.is_contiguous() or g_bias.dim() != 1)):
                 return None
@@ -273,9 +285,9 @@ class KdaPrefillPlan:
                     and initial_state.get_device() == dev and initial_state.stride()[2:] == (p.K, 1))):
                 return None
             for t in (state_cache, checkpoint_state):
-                if t is not None and not (t.dim() == 4 and t.shape[1:] == self._final_shape[1:]
+                if t is not None and not (t.dim() == 4 and t.shape[1:] == row_shape
                                           and t.dtype is torch.float32 and t.get_device() == dev
-                                          and t.stride()[1:] == (p.V * p.K, p.K, 1)):
+                                          and t.stride()[1:] == row_strides):
                     return None
             if checkpoint_state is not None and b.checkpoint_state_indices is None and \
                     checkpoint_state.shape[0] < p.N:
@@ -293,9 +305,8 @@ class KdaPrefillPlan:
                     o1 = o0 + ((vs[0] - 1) * so[0] + (vs[1] - 1) * so[1] + (vs[2] - 1) * so[2] + vs[3]) * 2
                     for t in (initial_state, state_cache, checkpoint_state):
                         if t is not None and t.numel():
-                            s0 = t.data_ptr()
-                            s1 = s0 + ((t.shape[0] - 1) * t.stride(0) + (t.shape[1] - 1) * t.stride(1)
-                                       + p.V * p.K) * 4
+                            st, s0 = t.stride(), t.data_ptr()  # t.shape[1] is H (checked above)
+                            s1 = s0 + ((t.shape[0] - 1) * st[0] + (p.H - 1) * st[1] + p.V * p.K) * 4
                             if o0 < s1 and s0 < o1:
                                 return None
             if checkpoint_state is not None and (initial_state is not None or state_cache is not None):

@@ -411,3 +411,42 @@ def test_head_dims(K, V, dtype, layer, tmp_path):
     for n, e in errs.items():
         within(f"kda_intra {n}", e, _key(dtype, "intra_workspace"))
     _check_walk(emu, [0, 45, 83], 1, 41)
+
+
+def test_a_plan_runs_the_emulated_library_layer_after_layer(tmp_path, monkeypatch, set_interpreting):
+    """plan.run through HipLibrary's bound launchers (jit_hip.HipLibrary.launcher) on the generated kernels (the
+    sm90_mma layer): two layers with their own state caches and `out` (the second a strided view), each against the
+    float64 prefill. What the plan binds once (workspace, metadata, routing) and what each layer passes (its
+    tensors, strides, cache) reach the kernels by name."""
+    import kdagen_kernels
+    from kdagen.runtime import fused_choice, fused_path
+    from kdagen.runtime.jit_hip import HipLibrary
+
+    K = V = 64
+    H = 2
+    e = next(v for v in HIP_VARIANTS if (v.head_dim_k, v.head_dim_v, v.dtype) == (K, V, "bf16"))
+    lib = HipLibrary(_compile(HIP / f"{e.name}__sm_90.hip", "sm90_mma", tmp_path), e.name, "sm_90")
+    set_interpreting(True)  # CPU tensors past the plan's device check; no Triton kernel runs
+    monkeypatch.setattr(fused_choice, "fused_target", lambda device: "sm_90")
+    monkeypatch.setattr(fused_choice, "_fused_libs", {})
+    monkeypatch.setattr(fused_path, "load_fused", lambda *a, **kw: lib)
+    x = make([45, 83], H, K, V, seed=31)
+    T = x["q"].shape[1]
+    plan = kdagen_kernels.plan_kda_prefill(
+        x["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=V, lower_bound=-5.0, has_g_bias=True,
+        use_qk_l2norm_in_kernel=True, state_indices=torch.tensor([2, 0], dtype=torch.int32),
+        has_initial_state=torch.tensor([True, False]), pipeline="hip_intra+hip_walk")
+    assert plan.pipeline.name == "hip_intra+hip_walk" and plan.program.intra.lib is lib
+    for layer in range(2):
+        cache = torch.randn(3 + layer, H, V, K, generator=torch.Generator().manual_seed(40 + layer)) * 0.1
+        before = cache.clone()
+        out = torch.full((1, T, H, V + 8 * layer), float("nan"), dtype=torch.bfloat16)[..., :V]
+        o, final = plan.run(x["q"], x["k"], x["v"], x["raw_g"], x["raw_beta"], x["A_log"], x["g_bias"], out=out,
+                            state_cache=cache)
+        assert o is out and final is None
+        ro, rf = _reference(x, torch.stack([before[2], torch.zeros(H, V, K)]))
+        within(f"layer {layer} output", rel_l2(o, ro), _key("bf16", "output"))
+        within(f"layer {layer} cache row 2", rel_l2(cache[2], rf[0]), _key("bf16", "final_state"))
+        within(f"layer {layer} cache row 0", rel_l2(cache[0], rf[1]), _key("bf16", "final_state"))
+        for row in range(1, 3 + layer, 2):  # rows no sequence routes to: untouched
+            assert torch.equal(cache[row], before[row])

@@ -472,6 +472,55 @@ def test_compiled_launches_follow_the_specialisation_key():
     assert [how for how, _, _ in log] == ["jit", "jit"]
 
 
+def test_a_plan_s_run_key_separates_what_the_specialisation_key_separates():
+    # Program.run keys its compiled launchers with RunKey: runs with equal RunKeys have equal spec_keys, and every
+    # change spec_key sees (an int's 1 / % 16 / 32-bit class, a tensor's dtype or alignment, a None or a float
+    # where an int was) changes the RunKey too, also after runs with other ints in between (its int cache).
+    from kdagen.runtime.launch import RunKey, spec_key
+
+    x = torch.zeros(64)
+    base = [x, x, 32, 48, 2.0, None]
+    variants = [base, [x, x, 32, 1, 2.0, None], [x, x, 32, 40, 2.0, None], [x, x, 2**31, 48, 2.0, None],
+                [x, x[1:], 32, 48, 2.0, None], [x, x.double(), 32, 48, 2.0, None], [x, x, 32, None, 2.0, None],
+                [x, x, 32, 48.0, 2.0, None], [x, x, 32, 48, 2.0, x], [x[4:], x, 32, 48, 2.0, None],
+                [x, x, 64, 16, 2.0, None]]
+    key = RunKey()
+    runs = [(values, key(values), spec_key(values)) for values in variants + variants[::-1] + [base] * 2]
+    for a, ka, sa in runs:
+        for b, kb, sb in runs:
+            assert ka != kb or sa == sb, (a, b)  # equal RunKeys, equal spec_keys
+    assert runs[0][1] == runs[-1][1]  # the same values, the same key
+    assert len({k for _, k, _ in runs}) == len({s for _, _, s in runs})  # here: exactly spec_key's classes
+
+
+def test_compiled_launches_take_the_run_s_stream():
+    # The compiled launcher gets the stream of the run's values (each run's own), not a lookup of its own; the
+    # JIT launch reads the stream itself.
+    from kdagen.kernels.schema import KernelABI, i32, ptr
+    from kdagen.runtime.launch import KernelLaunch, spec_key
+
+    log = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: log.append(("direct", a, kw))
+
+    class Jit:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: (log.append(("jit", a, {k: v for k, v in kw.items() if k == "stream"})),
+                                     Compiled())[1]
+
+    abi = KernelABI("kern", (ptr("x", "fp32"), i32("n")))
+    launch = KernelLaunch(types.SimpleNamespace(kern=Jit()), abi, (4,), constexprs={}, options={}, static={},
+                          run_order=("x", "n", "stream"), direct=True)
+    x = torch.zeros(64)
+    for stream in (7, 7, 9):
+        values = [x, 32, stream]
+        launch(values, spec_key(values[:2]))
+    assert [(how, a[1], kw) for how, a, kw in log] == [("jit", 32, {}), ("direct", 32, {"stream": 7}),
+                                                       ("direct", 32, {"stream": 9})]
+
+
 def test_offline_builds_model_the_jit_specialisation_of_a_contiguous_call():
     # kdagen.aot compiles what Triton's JIT builds for contiguous, aligned tensors: 16-divisible pointers and
     # strides (attributes), ints equal to 1 as constants; AMD's buffer ops add the 32-bit pointer range.
@@ -498,3 +547,26 @@ def test_offline_builds_model_the_jit_specialisation_of_a_contiguous_call():
     assert {p.name for p in KDA_INTRA.params if p.kind == "ptr"} | {"sq_t", "sq_h", "sv_t", "sg_h"} <= aligned
     with pytest.raises(ValueError):  # only ints have a typical value
         Param("x", "ptr", "fp32", typical="aligned")
+
+
+@pytest.mark.parametrize("which", ["A_log", "g_bias"])
+def test_a_strided_multi_dim_A_log_or_g_bias_reaches_the_kernels_dense(set_interpreting, which):
+    """The kernels read A_log and g_bias as ptr + i: a 2-D strided view ([H, 1] rows of a wider tensor, every
+    other key channel of [H, 2K]) whose reshape(-1) is still a strided view is bound as a dense copy."""
+    set_interpreting(True)
+    args = make_inputs([9, 3], 2, 64, 64, torch.bfloat16, "cpu", h0=False)
+    H, K = 2, 64
+    flat = args[which]
+    wide = torch.zeros(H, 2 if which == "A_log" else 2 * K)
+    view = wide[:, :1] if which == "A_log" else wide[:, ::2]
+    view.copy_(flat.view(view.shape))
+    assert not view.reshape(-1).is_contiguous()  # the case: reshape alone keeps the stride
+    args[which] = view
+    plan = kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=K,
+                                           lower_bound=-5.0, has_g_bias=True, use_qk_l2norm_in_kernel=True)
+    values = plan.bind(*(args[n] for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias")), K ** -0.5,
+                       None, None, None)[0]
+    from kdagen.runtime.run_values import RUN_INDEX
+
+    bound = values[RUN_INDEX[which]]
+    assert bound.is_contiguous() and torch.equal(bound, flat)

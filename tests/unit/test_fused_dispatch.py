@@ -56,7 +56,15 @@ class Recorder:
     def __init__(self, load_error: Exception | None = None):
         self.load_error = load_error
         self.loads: list[tuple] = []
-        self.lib = SimpleNamespace(walk_threads=256)  # a library with kda_walk_kernel (not the FMA fallback)
+        # A library with kda_walk_kernel (not the FMA fallback) whose launchers record their arguments by name.
+        self.lib = SimpleNamespace(walk_threads=256, launcher=self.launcher)
+        self.launches: list[tuple[str, dict]] = []
+
+    def launcher(self, abi, static, dynamic):
+        def launch(values):
+            assert len(values) == len(dynamic)
+            self.launches.append((abi.name, {**static, **dict(zip(dynamic, values))}))
+        return launch
 
     def load_fused(self, package_dir, head_dim_k, head_dim_v, target, dtype="bf16"):
         self.loads.append((Path(package_dir).resolve(), head_dim_k, head_dim_v, target, dtype))
@@ -545,3 +553,65 @@ def test_a_hip_variant_without_a_triton_variant_runs_both_hip_stages(on_sm90, mo
     with pytest.raises(ValueError, match="triton_walk cannot follow hip_intra here: triton_walk needs a Triton "
                                          "variant: no generated triton variant"):
         dispatch.chunk_kda_prefill(registry, **args, use_fused_chunk=True)
+
+
+# ---- the HIP launchers' arguments -----------------------------------------------------------------
+
+def _hip_plan(args, N=2):
+    slots, has = torch.tensor([2, 0], dtype=torch.int32)[:N], torch.ones(N, dtype=torch.bool)
+    return kdagen_kernels.plan_kda_prefill(
+        args["cu_seqlens"], num_heads=H, head_dim_k=128, head_dim_v=128, lower_bound=-5.0, has_g_bias=True,
+        use_qk_l2norm_in_kernel=True, state_indices=slots, has_initial_state=has, pipeline="hip_intra+hip_walk")
+
+
+def test_hip_launchers_bind_the_plan_once_and_take_each_layer_s_tensors(on_sm90, monkeypatch):
+    """The launchers hold the plan's workspace and metadata pointers; every run passes its own layer's tensors,
+    strides and stream (a second layer with another out, state cache and gate projections is not served the
+    first one's)."""
+    rec = _fake(monkeypatch)
+    args = _args(strided=True)
+    plan = _hip_plan(args)
+    intra_ws = plan.program.intra.ws
+    T = args["q"].shape[1]
+    for layer in range(2):
+        cache = torch.zeros(3 + layer, H, 128, 128)
+        out = torch.empty(1, T, H, 128 * (2 + layer), dtype=torch.bfloat16)[..., :128]  # strided, per layer
+        g = args["raw_g"] if layer == 0 else args["raw_g"].contiguous()
+        beta = args["raw_beta"].float() if layer == 1 else args["raw_beta"]  # fp32: converted to bf16
+        del rec.launches[:]
+        plan.run(args["q"], args["k"], args["v"], g, beta, args["A_log"], args["g_bias"], out=out, state_cache=cache)
+        (iname, intra), (wname, walk) = rec.launches
+        assert (iname, wname) == ("kda_intra_launch", "kda_walk_launch")
+        for name, t in (("q", args["q"]), ("k", args["k"]), ("v", args["v"]), ("g", g)):
+            assert intra[name] == t.data_ptr(), name
+            assert (intra[f"s{name}_t"], intra[f"s{name}_h"]) == (t.stride(1), t.stride(2)), name
+        if layer == 0:
+            assert intra["beta"] == beta.data_ptr() and (intra["sb_t"], intra["sb_h"]) == beta.stride()[1:]
+        else:  # a bf16 copy, its own strides
+            assert intra["beta"] != beta.data_ptr() and (intra["sb_t"], intra["sb_h"]) == (H, 1)
+        assert intra["A_log"] == args["A_log"].data_ptr() and intra["g_bias"] == args["g_bias"].data_ptr()
+        assert intra["qg"] == intra_ws["qg"].data_ptr() and intra["cu_seqlens"] == plan.program.intra.cu.data_ptr()
+        assert intra["scale"] == 128 ** -0.5 and intra["stream"] == walk["stream"] == 0  # CPU: the null stream
+        assert walk["out"] == out.data_ptr() and (walk["so_t"], walk["so_h"]) == out.stride()[1:3]
+        assert walk["h0"] == walk["ht"] == cache.data_ptr() and walk["n_slots"] == cache.shape[0]
+        assert (walk["sh0_n"], walk["sht_n"]) == (cache.stride(0),) * 2 and walk["qg"] == intra_ws["qg"].data_ptr()
+        assert (walk["state_in"], walk["state_out"]) == (2, 2) and walk["ckpt"] is None
+
+
+def test_hip_plan_still_refuses_a_bad_layer_after_a_good_one(on_sm90, monkeypatch):
+    """Nothing per layer is cached: an `out` on the state cache's memory after a good layer is refused,
+    before any launch."""
+    rec = _fake(monkeypatch)
+    args = _args()
+    plan = _hip_plan(args)
+    T = args["q"].shape[1]
+    cache = torch.zeros(3, H, 128, 128)
+    inputs = [args[n] for n in ("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias")]
+    plan.run(*inputs, out=torch.empty(1, T, H, 128, dtype=torch.bfloat16), state_cache=cache)
+    assert len(rec.launches) == 2
+    del rec.launches[:]
+    shared = torch.zeros(cache.numel() * 2, dtype=torch.bfloat16)  # a cache and an `out` on the same memory
+    cache_b = shared.view(torch.float32).view(cache.shape)
+    with pytest.raises(ValueError, match="out must be memory disjoint from state_cache"):
+        plan.run(*inputs, out=shared[:T * H * 128].view(1, T, H, 128), state_cache=cache_b)
+    assert rec.launches == [] and not shared.any()

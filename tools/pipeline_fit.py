@@ -40,13 +40,15 @@ GROUP_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, MAX_GROUPS)  # group_scan.choo
 UNMEASURED = 2.0  # the ratio a choice that was not timed counts as
 
 
-def draw_shape(rng: random.Random, max_token_heads: int = 1 << 23) -> tuple[int, list[int]]:
-    """(H, lens): log-uniform H, N and total tokens, the tokens split at random cut points (ragged)."""
+def draw_shape(rng: random.Random, max_token_heads: int = 1 << 23,
+               walks: tuple[int, int] | None = None) -> tuple[int, list[int]]:
+    """(H, lens): log-uniform H, N and total tokens, the tokens split at random cut points (ragged); with
+    `walks` = (lo, hi), only batches whose N x H lies in it (a sweep aimed at one band of the choice)."""
     while True:
         H = min(128, max(1, round(2 ** rng.uniform(0, 7))))
         N = min(256, max(1, round(2 ** rng.uniform(0, 8))))
         T = max(N, round(2 ** rng.uniform(8, 17)))
-        if T * H > max_token_heads:
+        if T * H > max_token_heads or (walks is not None and not walks[0] <= N * H <= walks[1]):
             continue
         cuts = sorted(rng.sample(range(1, T), N - 1)) if N > 1 else []
         lens = [b - a for a, b in zip([0] + cuts, cuts + [T])]
@@ -79,7 +81,7 @@ def sweep(args: argparse.Namespace) -> int:
             if time.perf_counter() - t0 > args.budget_s:
                 print(f"budget of {args.budget_s} s spent after {i} shapes", file=sys.stderr)
                 break
-            H, lens = draw_shape(rng)
+            H, lens = draw_shape(rng, walks=args.walks)
             kw, ci, co = make_inputs(H, lens)
             out = torch.empty_like(kw["v"])
             cu = kw["cu_seqlens"]
@@ -207,6 +209,16 @@ def fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _band(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LO:HI, two integers") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 1 <= LO <= HI")
+    return lo, hi
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -216,6 +228,8 @@ def main() -> int:
     s.add_argument("--rep-ms", type=int, default=20)
     s.add_argument("--budget-s", type=float, default=420.0)
     s.add_argument("--out", type=Path, default=Path("sweep.jsonl"))
+    s.add_argument("--walks", type=_band, default=None, metavar="LO:HI",
+                   help="only batches with LO <= N x H <= HI, e.g. 16:132 for the band of the hip_intra threshold")
     f = sub.add_parser("fit", help="fit Rules to a sweep's timings (CPU)")
     f.add_argument("sweep", type=Path)
     f.add_argument("--holdout", type=float, default=0.3)

@@ -77,3 +77,12 @@ def test_a_choice_that_was_not_timed_scores_as_a_loss(tmp_path):
     data = [f for f in (pipeline_fit._facts(r) for r in pipeline_fit.load(path).values()) if f]
     hip_always = pipeline_fit.Rules(**{**H200_RULES.__dict__, "hip_intra_walks_per_sm": 0.0})
     assert pipeline_fit.score(data, hip_always) == pytest.approx(pipeline_fit.UNMEASURED)
+
+
+def test_a_sweep_aimed_at_a_band_of_walks_draws_only_there():
+    rng = random.Random(0)
+    for _ in range(50):
+        H, lens = pipeline_fit.draw_shape(rng, walks=(16, 132))
+        assert 16 <= H * len(lens) <= 132 and all(n >= 1 for n in lens)
+    with pytest.raises(Exception, match="LO:HI"):
+        pipeline_fit._band("16-132")

@@ -169,7 +169,6 @@ def score(shapes: list[tuple[Work, dict, dict]], rules: Rules) -> float:
 
 
 GRID = dict(hip_intra_walks_per_sm=(0.0, 0.125, 0.25, 0.5, 1.0, 1e9),
-            hip_walk_walks_per_sm=(0.0, 0.25, 0.5, 1.0, 2.0, 4.0),
             hip_walk_min_seq_chunks=(0.0, 1.0, 1.25, 1.5, 2.0, 3.0),
             walk_programs_per_sm=(1, 2, 3, 4),
             pass1_step=(0.25, 0.5, 1.0),

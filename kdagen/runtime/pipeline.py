@@ -74,8 +74,7 @@ class Rules:
     """A target's parameters of the choice. Each comes from a measurement named where RULES sets it."""
 
     hip_intra_walks_per_sm: float  # hip_intra runs where (sequence, head) walks >= this x SMs
-    hip_walk_walks_per_sm: float  # after hip_intra, hip_walk where walks >= this x SMs, else the grouped triton_walk
-    hip_walk_min_seq_chunks: float  # ... and where sequences average at least this many metadata chunks
+    hip_walk_min_seq_chunks: float  # after hip_intra, hip_walk where sequences average >= this many chunks
     walk_programs_per_sm: int  # the group cost model: walks resident per SM
     pass1_step: float  # the group cost model: a pass-1 step in units of a pass-2 step
     scan_step: float  # ... and a scan step (its launch included)
@@ -90,7 +89,7 @@ class Rules:
 # ragged batch the group model sizes by its mean sequence). The other parameters are the earlier hand fits
 # (hip_intra where walks fill half the SMs; the group model: two walks per SM, pass-1 steps 0.5, scan steps 2.5,
 # no split past half the SMs, fitted to 11 whole-call shapes); the sweep's splits did not agree on other values.
-H200_RULES = Rules(hip_intra_walks_per_sm=0.5, hip_walk_walks_per_sm=0.0, hip_walk_min_seq_chunks=1.5,
+H200_RULES = Rules(hip_intra_walks_per_sm=0.5, hip_walk_min_seq_chunks=1.5,
                    walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5, split_max_fill=0.5)
 # AMD targets were compile-verified only (no AMD timings): they take the H200's parameters until measured.
 RULES: Mapping[str, Rules] = {"sm_90": H200_RULES}
@@ -251,24 +250,21 @@ def _auto(work: Work, target: Target, groups: int | None, rules: Rules) -> tuple
     reason = (f"hip_intra: {work.n_walks} (sequence, head) walks on {target.sms} SMs" if fill else
               f"hip_intra: the walks fill little of the GPU, but there is no Triton pipeline ({target.triton_missing})")
     split_asked = groups is not None and groups > 1
-    few = _few_for_hip_walk(work, target, rules)
-    if target.hip_walk_threads > 0 and not split_asked and (few is None or target.triton is None or stage_limits(
-            "hip_intra", "triton_walk", work, target, groups)):
+    short = _short_for_hip_walk(work, rules)
+    triton_after = not stage_limits("hip_intra", "triton_walk", work, target, groups)
+    if target.hip_walk_threads > 0 and not split_asked and (short is None or not triton_after):
         return "hip_intra", "hip_walk", f"{reason}; hip_walk: the library has kda_walk_kernel"
     walk_why = (f"groups={groups} asked for (hip_walk has no split)" if split_asked
                 else "the library is on the FMA fallback (no kda_walk_kernel)" if target.hip_walk_threads == 0
-                else few)
-    if not stage_limits("hip_intra", "triton_walk", work, target, groups):
+                else short)
+    if triton_after:
         return "hip_intra", "triton_walk", f"{reason}; triton_walk: {walk_why}"
     raise ValueError(f"use_fused_chunk=True: {walk_why}, and triton_walk cannot follow hip_intra here: "
                      f"{'; '.join(stage_limits('hip_intra', 'triton_walk', work, target, groups))}")
 
 
-def _few_for_hip_walk(work: Work, target: Target, rules: Rules) -> str | None:
+def _short_for_hip_walk(work: Work, rules: Rules) -> str | None:
     """Why the grouped triton_walk should follow hip_intra rather than hip_walk (RULES), or None."""
-    if target.sms is not None and work.n_walks < rules.hip_walk_walks_per_sm * target.sms:
-        return (f"{work.n_walks} (sequence, head) walks fill less than {rules.hip_walk_walks_per_sm:g} x "
-                f"{target.sms} SMs, where the grouped triton_walk pays")
     per_seq = work.n_chunks / max(work.n_seq, 1)
     if per_seq < rules.hip_walk_min_seq_chunks:
         return (f"sequences average {per_seq:.2f} chunks, under {rules.hip_walk_min_seq_chunks:g}, where "

@@ -6,7 +6,8 @@ Usage:
   (GPU)  PYTHONPATH=.:generated python3 tools/pipeline_fit.py sweep --shapes 40 --seed 1 --out sweep.jsonl
   (CPU)  python3 tools/pipeline_fit.py fit sweep.jsonl[.gz] [--holdout 0.3] [--seed 0] [--free NAME,...]
 
-The H200 sweep RULES was fitted on is docs/data/pipeline-sweep-h200-2026-12-03.jsonl.gz (60 batches, seed 1).
+The H200 sweeps RULES was fitted on are docs/data/pipeline-sweep-h200-2026-12-03.jsonl.gz (60 batches, seed 1)
+and docs/data/pipeline-sweep-h200-walks-2026-12-03.jsonl.gz (60 batches with 16 <= N x H <= 132, seed 2).
 
 `sweep` draws shapes (H 1-128, N 1-256, T 256-131072, ragged lengths: log-uniform draws), builds each batch's
 plan once per candidate the chooser could return (the Triton pipeline at every group count the cost model
@@ -23,6 +24,7 @@ not measured (a candidate that failed) counts as 2x, so a grid point cannot win 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import itertools
 import json
@@ -37,6 +39,7 @@ from kdagen.runtime.group_scan import MAX_GROUPS
 from kdagen.runtime.pipeline import RULES, Rules, Target, Work, choose_pipeline, rules_for
 
 GROUP_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, MAX_GROUPS)  # group_scan.choose_groups' candidates
+CHUNK = 64  # the swept variant's metadata chunk (K = V = 128, bf16)
 UNMEASURED = 2.0  # the ratio a choice that was not timed counts as
 
 
@@ -74,7 +77,7 @@ def sweep(args: argparse.Namespace) -> int:
 
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
-    hip = kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, 64)
+    hip = kdagen_kernels.can_use_fused_kda_chunk(128, 128, torch.bfloat16, CHUNK)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     with open(args.out, "a") as f:
         for i in range(args.shapes):
@@ -85,7 +88,7 @@ def sweep(args: argparse.Namespace) -> int:
             kw, ci, co = make_inputs(H, lens)
             out = torch.empty_like(kw["v"])
             cu = kw["cu_seqlens"]
-            per_seq = max(-(-n // 64) for n in lens)
+            per_seq = max(-(-n // CHUNK) for n in lens)
             for pipeline, groups in candidates(per_seq, hip):
                 err = ""
                 extra = {"use_fused_chunk": True} if pipeline == "auto" else {"pipeline": pipeline, "groups": groups}
@@ -112,7 +115,8 @@ def sweep(args: argparse.Namespace) -> int:
                     p = plan.pipeline
                     row.update(chosen=p.name, chosen_groups=p.groups, knobs=p.knobs,
                                work=dict(n_seq=len(lens), H=H, n_chunks=int(ci.shape[0]), lower_bound=kw["lower_bound"],
-                                         use_l2norm=True, checkpoints=False),
+                                         use_l2norm=True, checkpoints=False,
+                                         max_seq_chunks=-(-max(lens) // CHUNK)),
                                target=dict(name=plan.target, sms=sms,
                                            hip_walk_threads=plan.lib.walk_threads if plan.lib is not None else None,
                                            tuning=dict(plan.tuning) if plan.tuning is not None else None,
@@ -142,7 +146,9 @@ def _facts(rows: list[dict]) -> tuple[Work, dict, dict[tuple[str, int], float]] 
     if auto is None:
         return None
     timed = {(r["chosen"], r["chosen_groups"]): r["ms"] for r in rows if r.get("ms") and r["pipeline"] != "auto"}
-    return Work(**auto["work"]), auto["target"], timed
+    work = dict(auto["work"])
+    work.setdefault("max_seq_chunks", -(-auto["max_len"] // CHUNK))  # sweeps written before Work had it
+    return Work(**work), auto["target"], timed
 
 
 def _target(t: dict) -> Target:
@@ -169,6 +175,8 @@ def score(shapes: list[tuple[Work, dict, dict]], rules: Rules) -> float:
 
 
 GRID = dict(hip_intra_walks_per_sm=(0.0, 0.125, 0.25, 0.5, 1.0, 1e9),
+            hip_intra_long_walks_per_sm=(0.0, 0.125, 0.2, 0.25, 0.33, 0.5),
+            hip_intra_long_seq_chunks=(4.0, 8.0, 10.0, 16.0, 32.0, 1e9),
             hip_walk_min_seq_chunks=(0.0, 1.0, 1.25, 1.5, 2.0, 3.0),
             walk_programs_per_sm=(1, 2, 3, 4),
             pass1_step=(0.25, 0.5, 1.0),
@@ -184,16 +192,16 @@ def fit(args: argparse.Namespace) -> int:
     random.Random(args.seed).shuffle(data)
     n_hold = max(1, round(args.holdout * len(data)))
     held, train = data[:n_hold], data[n_hold:]
-    names = list(GRID)
+    names = [f.name for f in dataclasses.fields(Rules)]  # a field without a GRID axis keeps today's value
     target = data[0][1]["name"]
     today = rules_for(target)
     # Ties (to 4 digits) go to the point that changes fewest of today's parameters.
-    free = args.free.split(",") if args.free else names
+    free = args.free.split(",") if args.free else list(GRID)
     unknown = [n for n in free if n not in GRID]
     if unknown:
-        print(f"--free {unknown[0]!r}: choose from {', '.join(names)}", file=sys.stderr)
+        print(f"--free {unknown[0]!r}: choose from {', '.join(GRID)}", file=sys.stderr)
         return 2
-    axes = [GRID[n] if n in free else (getattr(today, n),) for n in names]
+    axes = [GRID[n] if n in free and n in GRID else (getattr(today, n),) for n in names]
     best = min((Rules(**dict(zip(names, point))) for point in itertools.product(*axes)),
                key=lambda r: (round(score(train, r), 4), sum(getattr(r, n) != getattr(today, n) for n in names)))
     print(f"{len(train)} fit shapes, {len(held)} held out; target {target} ({data[0][1]['sms']} SMs)")

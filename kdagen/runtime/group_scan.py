@@ -28,13 +28,15 @@ _SCAN_STEP = 0.5
 
 
 def choose_groups(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
-                  blocks_per_sm: int, *, pass1_step: float = 1.0, scan_step: float = _SCAN_STEP) -> int:
+                  blocks_per_sm: int, *, pass1_step: float = 1.0, scan_step: float = _SCAN_STEP,
+                  longest: int = 0) -> int:
     """The group count of the recurrence walk; see Note [Group count]. `pass1_step` and `scan_step`: a
-    pass-1 chunk step and a scan step in units of a pass-2 chunk step."""
+    pass-1 chunk step and a scan step in units of a pass-2 chunk step; `longest`: the longest sequence's
+    chunks where known (a ragged batch's walk ends with its longest sequence), else the mean stands in."""
     if num_seqs <= 0 or total_chunks <= 0:
         return 1
     cap = max(sms * blocks_per_sm, 1)
-    per_seq = -(-total_chunks // num_seqs)
+    per_seq = max(-(-total_chunks // num_seqs), longest)
     base = num_seqs * H * -(-V // v_slice)  # pass-2 blocks per group
 
     def cost(g: int) -> float:

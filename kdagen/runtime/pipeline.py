@@ -74,6 +74,9 @@ class Rules:
     """A target's parameters of the choice. Each comes from a measurement named where RULES sets it."""
 
     hip_intra_walks_per_sm: float  # hip_intra runs where (sequence, head) walks >= this x SMs
+    hip_intra_long_walks_per_sm: float  # ... or where walks >= this x SMs and sequences are long (next field)
+    hip_intra_long_seq_chunks: float  # ... averaging >= this many chunks
+    triton_intra_max_head_dim_k: int  # the Triton chunk stage: triton_intra up to this K, triton_pair above
     hip_walk_min_seq_chunks: float  # after hip_intra, hip_walk where sequences average >= this many chunks
     walk_programs_per_sm: int  # the group cost model: walks resident per SM
     pass1_step: float  # the group cost model: a pass-1 step in units of a pass-2 step
@@ -89,7 +92,14 @@ class Rules:
 # ragged batch the group model sizes by its mean sequence). The other parameters are the earlier hand fits
 # (hip_intra where walks fill half the SMs; the group model: two walks per SM, pass-1 steps 0.5, scan steps 2.5,
 # no split past half the SMs, fitted to 11 whole-call shapes); the sweep's splits did not agree on other values.
-H200_RULES = Rules(hip_intra_walks_per_sm=0.5, hip_walk_min_seq_chunks=1.5,
+# hip_intra_long_*: a second sweep of 60 batches aimed at the band 16 <= N x H <= 132 (seed 2, same day,
+# docs/data/pipeline-sweep-h200-walks-2026-12-03.jsonl.gz). All four splits fit 0.25 and 8: hip_intra also where
+# walks fill a quarter of the SMs and sequences average 8 chunks or more (the HIP pair 0.8-0.9x the Triton
+# pipeline's time there). Geomean over that sweep 1.058 -> 1.048 of the fastest, over the first 1.014 -> 1.012;
+# the worst rises 1.34 -> 1.41 (H=6 N=8, long ragged sequences whose fastest walk is a split one, which
+# hip_walk cannot do).
+H200_RULES = Rules(hip_intra_walks_per_sm=0.5, hip_intra_long_walks_per_sm=0.25, hip_intra_long_seq_chunks=8.0,
+                   triton_intra_max_head_dim_k=128, hip_walk_min_seq_chunks=1.5,
                    walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5, split_max_fill=0.5)
 # AMD targets were compile-verified only (no AMD timings): they take the H200's parameters until measured.
 RULES: Mapping[str, Rules] = {"sm_90": H200_RULES}
@@ -109,6 +119,7 @@ class Work:
     lower_bound: float | None
     use_l2norm: bool
     checkpoints: bool
+    max_seq_chunks: int = 0  # the longest sequence's metadata chunks; 0: unknown (the mean stands in)
 
     @property
     def n_walks(self) -> int:
@@ -230,8 +241,7 @@ def choose_pipeline(work: Work, target: Target, *, pipeline: str | None = None,
 
 def _auto(work: Work, target: Target, groups: int | None, rules: Rules) -> tuple[str, str, str]:
     gate = intra_fits(work.lower_bound, work.use_l2norm)
-    triton_chunk = "triton_pair" if gate is not None else "triton_intra"
-    chunk_why = f"triton_pair: {gate}" if gate is not None else "triton_intra: the gate and norm fit kda_intra"
+    triton_chunk, chunk_why = _triton_chunk(gate, target, rules)
     if not target.fused or target.hip_walk_threads is None:
         why = "; ".join(target.fused_why_not) or "use_fused_chunk is False"
         if target.fused and target.hip_walk_threads is None:
@@ -242,16 +252,17 @@ def _auto(work: Work, target: Target, groups: int | None, rules: Rules) -> tuple
             raise ValueError(f"use_fused_chunk=True: the HIP kernels cannot take this batch ({gate}) and there is "
                              f"no Triton pipeline for it: {target.triton_missing}")
         return "triton_pair", "triton_walk", f"the Triton pipeline: the HIP intra cannot take this batch ({gate})"
-    fill = work.n_walks >= rules.hip_intra_walks_per_sm * target.sms if target.sms is not None else True
+    fill = _fills_for_hip_intra(work, target, rules)
     if not fill and target.triton is not None:
-        return ("triton_intra", "triton_walk",
+        return (triton_chunk, "triton_walk",
                 f"the Triton program: {work.n_walks} (sequence, head) walks fill less than "
-                f"{rules.hip_intra_walks_per_sm:g} x {target.sms} SMs, where the HIP intra's 16-row steps do not pay")
+                f"{rules.hip_intra_walks_per_sm:g} x {target.sms} SMs, where the HIP intra's 16-row steps do not pay; "
+                f"{chunk_why}")
     reason = (f"hip_intra: {work.n_walks} (sequence, head) walks on {target.sms} SMs" if fill else
               f"hip_intra: the walks fill little of the GPU, but there is no Triton pipeline ({target.triton_missing})")
     split_asked = groups is not None and groups > 1
-    short = _short_for_hip_walk(work, rules)
     triton_after = not stage_limits("hip_intra", "triton_walk", work, target, groups)
+    short = _short_for_hip_walk(work, rules)
     if target.hip_walk_threads > 0 and not split_asked and (short is None or not triton_after):
         return "hip_intra", "hip_walk", f"{reason}; hip_walk: the library has kda_walk_kernel"
     walk_why = (f"groups={groups} asked for (hip_walk has no split)" if split_asked
@@ -261,6 +272,29 @@ def _auto(work: Work, target: Target, groups: int | None, rules: Rules) -> tuple
         return "hip_intra", "triton_walk", f"{reason}; triton_walk: {walk_why}"
     raise ValueError(f"use_fused_chunk=True: {walk_why}, and triton_walk cannot follow hip_intra here: "
                      f"{'; '.join(stage_limits('hip_intra', 'triton_walk', work, target, groups))}")
+
+
+def _triton_chunk(gate: str | None, target: Target, rules: Rules) -> tuple[str, str]:
+    """The Triton chunk stage (RULES) and why: triton_intra where its gate bound holds and K is within the
+    head dims its one-program-per-walk-chunk tiles were measured fast at, else triton_pair."""
+    if gate is not None:
+        return "triton_pair", f"triton_pair: {gate}"
+    K = target.triton.HEAD_DIM_K if target.triton is not None else 0
+    if K > rules.triton_intra_max_head_dim_k:
+        return "triton_pair", (f"triton_pair: K={K} is past the {rules.triton_intra_max_head_dim_k} up to which "
+                               "kda_intra's per-program tiles stay in registers")
+    return "triton_intra", "triton_intra: the gate and norm fit kda_intra"
+
+
+def _fills_for_hip_intra(work: Work, target: Target, rules: Rules) -> bool:
+    """Whether the walks give hip_intra's 16-row chunk steps enough of the GPU to pay (RULES): half the SMs,
+    or fewer walks over long sequences (their walk's saving outweighs the chunk stage's idle SMs)."""
+    if target.sms is None:
+        return True
+    if work.n_walks >= rules.hip_intra_walks_per_sm * target.sms:
+        return True
+    per_seq = work.n_chunks / max(work.n_seq, 1)
+    return work.n_walks >= rules.hip_intra_long_walks_per_sm * target.sms and per_seq >= rules.hip_intra_long_seq_chunks
 
 
 def _short_for_hip_walk(work: Work, rules: Rules) -> str | None:
@@ -294,7 +328,8 @@ def _groups(walk: str, work: Work, target: Target, forced: int | None, rules: Ru
         # see (H200: 96 programs lose 2.5-3% at G=2, 64 gain 10% at G=3).
         return 1, f"one group ({programs} walk programs fill the {target.sms} SMs)"
     g = choose_groups(work.n_seq, work.H, work.n_chunks, mod.HEAD_DIM_K, mod.HEAD_DIM_V, v_slice, target.sms,
-                      rules.walk_programs_per_sm, pass1_step=rules.pass1_step, scan_step=rules.scan_step)
+                      rules.walk_programs_per_sm, pass1_step=rules.pass1_step, scan_step=rules.scan_step,
+                      longest=work.max_seq_chunks)
     return g, f"{g} group{'s' if g > 1 else ''} (the cost model, {programs} walk programs on {target.sms} SMs)"
 
 

@@ -171,7 +171,8 @@ def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: 
     meta = _own_metadata(b, chunk, cu_seqlens_cpu)
     ci = meta["chunk_indices"]
     work = Work(n_seq=p.N, H=p.H, n_chunks=ci.shape[0] if ci.numel() else 0, lower_bound=b.lower_bound,
-                use_l2norm=b.use_qk_l2norm, checkpoints=b.checkpoint_offsets is not None)
+                use_l2norm=b.use_qk_l2norm, checkpoints=b.checkpoint_offsets is not None,
+                max_seq_chunks=_longest_chunks(b, chunk, cu_seqlens_cpu))
     facts = Target(name=plan_target, sms=device_sms(device), triton=mod, tuning=tun,
                    hip_walk_threads=lib.walk_threads if lib is not None else None, hip_missing=hip_missing,
                    triton_missing=triton_missing, fused=use_fused_chunk and hip_entry is not None,
@@ -206,6 +207,14 @@ def _host_lengths(cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor 
         return None
     host = host.to(torch.int64)
     return host[1:] - host[:-1]
+
+
+def _longest_chunks(b: Batch, chunk: int, cu_seqlens_cpu: torch.Tensor | None) -> int:
+    """The longest sequence's chunks, where the host knows it without reading the device (0 otherwise)."""
+    if b.cu_seqlens is None:
+        return -(-b.p.T // chunk)
+    lens = _host_lengths(b.cu_seqlens, cu_seqlens_cpu)
+    return -(-int(lens.max()) // chunk) if lens is not None and lens.numel() else 0
 
 
 def _own_metadata(b: Batch, chunk: int, cu_seqlens_cpu: torch.Tensor | None) -> PlanMetadata:

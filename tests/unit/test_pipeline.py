@@ -51,8 +51,9 @@ def test_more_heads_never_move_from_the_hip_pair_back_to_triton(n_seq, H, more, 
     b = pipeline.choose_pipeline(_work(n_seq, H + more, chunks), _fused(sms))
     if a.name == "hip_intra+hip_walk":
         assert b.name == "hip_intra+hip_walk"
-    # Under the rules' model the HIP intra pays exactly where the walks fill half the SMs ...
-    assert (a.chunk == "hip_intra") == (2 * n_seq * H >= sms)
+    # Under the rules' model the HIP intra pays exactly where the walks fill half the SMs, or a quarter of them
+    # over sequences of 8 chunks or more ...
+    assert (a.chunk == "hip_intra") == (2 * n_seq * H >= sms or (4 * n_seq * H >= sms and per_seq >= 8)), a.reason
     # ... and hip_walk after it where sequences average at least 1.5 chunks (else the grouped triton_walk).
     if a.chunk == "hip_intra":
         assert a.walk == ("hip_walk" if per_seq >= 1.5 else "triton_walk"), a.reason
@@ -82,6 +83,40 @@ def test_the_group_count_is_the_cost_models_cheapest(n_seq, H, chunks, sms):
     else:
         assert p.groups == choose_groups(n_seq, H, chunks, 128, 128, 64, sms, r.walk_programs_per_sm,
                                          pass1_step=r.pass1_step, scan_step=r.scan_step)
+
+
+def test_a_triton_chunk_stage_past_k128_is_the_pair():
+    # H200, 96/16384/16, K = V = 256: kda_intra 31.1 ms, kda_prologue + kda_wu 15.1 (tools/time_variants.py).
+    wide = types.SimpleNamespace(HEAD_DIM_K=256, HEAD_DIM_V=256, BK=256, BV=256)
+    for fused in (False, True):  # the Triton program, and a fused request whose walks fill too little
+        t = pipeline.Target("sm_90", 132, wide, TUN, 256 if fused else None, fused=fused)
+        p = pipeline.choose_pipeline(_work(1, 4, 64), t)
+        assert p.name == "triton_pair+triton_walk" and "K=256 is past the 128" in p.reason, p.reason
+    assert pipeline.choose_pipeline(_work(1, 4, 64), pipeline.Target("sm_90", 132, MOD, TUN, None)).chunk == "triton_intra"
+
+
+def test_the_group_model_sizes_a_ragged_batch_by_its_longest_sequence():
+    from kdagen.runtime.group_scan import choose_groups
+
+    # Two short sequences and one of 1500 chunks, 4 heads: the mean (502) hides the walk that ends last.
+    mean_only = choose_groups(3, 4, 1504, 128, 128, 64, 132, 2, pass1_step=0.5, scan_step=2.5)
+    longest = choose_groups(3, 4, 1504, 128, 128, 64, 132, 2, pass1_step=0.5, scan_step=2.5, longest=1500)
+    assert longest > mean_only >= 1
+    work = pipeline.Work(n_seq=3, H=4, n_chunks=1504, lower_bound=-5.0, use_l2norm=True, checkpoints=False,
+                         max_seq_chunks=1500)
+    p = pipeline.choose_pipeline(work, pipeline.Target("sm_90", 132, MOD, TUN, None))
+    assert p.groups == longest, p.reason
+
+
+def test_the_plan_knows_its_longest_sequence_from_the_host_lengths():
+    cu = torch.tensor([0, 10, 1000, 1070], dtype=torch.int32)
+    b = types.SimpleNamespace(cu_seqlens=cu, p=types.SimpleNamespace(T=1070))
+    assert planning._longest_chunks(b, 64, None) == 16  # a CPU cu_seqlens: free to read
+    assert planning._longest_chunks(types.SimpleNamespace(cu_seqlens=None, p=types.SimpleNamespace(T=130)), 64, None) == 3
+    on_device = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
+    b = types.SimpleNamespace(cu_seqlens=on_device, p=b.p)
+    assert planning._longest_chunks(b, 64, None) == 0  # unknown without a device read: the mean stands in
+    assert planning._longest_chunks(b, 64, cu) == 16
 
 
 def test_a_fused_request_with_a_gate_the_hip_intra_cannot_take_runs_triton():

@@ -20,8 +20,9 @@ spec.loader.exec_module(pipeline_fit)
 
 from kdagen.runtime.pipeline import H200_RULES as TODAY  # noqa: E402
 
-# The synthetic timings below know one walk per chunk stage: the hip_walk / triton_walk rule stays out of it.
-H200_RULES = pipeline_fit.Rules(**{**TODAY.__dict__, "hip_walk_min_seq_chunks": 0.0})
+# The synthetic timings below know one walk per chunk stage and one walk threshold: the hip_walk / triton_walk
+# rule and the long-sequence hip_intra rule stay out of them.
+H200_RULES = pipeline_fit.Rules(**{**TODAY.__dict__, "hip_walk_min_seq_chunks": 0.0, "hip_intra_long_seq_chunks": 1e9})
 
 SMS = 132
 
@@ -48,8 +49,8 @@ def _sweep(path: Path, n: int, seed: int, cut: float) -> None:
             else:
                 chosen, g = pipeline, groups
                 ms = (0.8 if hip_fast else 1.2) if pipeline == "hip_intra+hip_walk" else 1.0 + 0.01 * (groups - 1)
-            rows.append(dict(shape=i, pipeline=pipeline, groups=groups, ms=ms, chosen=chosen, chosen_groups=g,
-                             work=work, target=_target()))
+            rows.append(dict(shape=i, max_len=max(lens), pipeline=pipeline, groups=groups, ms=ms, chosen=chosen,
+                             chosen_groups=g, work=work, target=_target()))
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 

@@ -170,7 +170,7 @@ def main() -> None:
         for _ in range(2000):
             call()
         pr.disable()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+        pstats.Stats(pr).sort_stats("tottime").print_stats(30)
 
 
 def _pieces(plan, q, k, v, g, beta, A_log, g_bias, out, cache) -> dict:

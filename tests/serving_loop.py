@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 import torch
 
 import kdagen_kernels
-from kdagen.reference import chunk_kda_prefill_reference
 from tests.kda_cases import cu_of
 from tests.tolerances import check, check_output, output_terms
 

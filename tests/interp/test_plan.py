@@ -10,7 +10,7 @@ import torch
 import kdagen_kernels as kk
 from kdagen.reference import chunk_kda_prefill_reference
 from tests.kda_cases import cu_of, make_inputs, poisoned_out
-from tests.tolerances import check, within
+from tests.tolerances import check
 
 O_TOL, S_TOL = ("triton-interp", "bf16", "output"), ("triton-interp", "bf16", "final_state")
 

@@ -103,7 +103,7 @@ def test_flashkda_workers_name_a_build_folder(tmp_path):
     with pytest.raises(SystemExit, match="expected NAME=DIR with NAME flashkda"):
         parse_workers([f"fork={tmp_path}"])
     with pytest.raises(SystemExit, match="no flash_kda/__init__.py under"):
-        parse_workers([f"flashkda=/nonexistent"])
+        parse_workers(["flashkda=/nonexistent"])
 
 
 def test_a_worker_that_cannot_import_its_build_is_skipped_with_the_reason(tmp_path, capsys):

@@ -349,7 +349,7 @@ def test_a_gate_the_hip_intra_cannot_take_runs_the_triton_pipeline(on_sm90, monk
 
 @pytest.mark.parametrize("lower_bound", [-5.0, UNFIT_GATE], ids=["hip_intra", "unfit_gate"])
 def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch, lower_bound):
-    rec = _fake(monkeypatch)
+    _fake(monkeypatch)
     runs = _fake_triton(monkeypatch, programs=(programs := []))
     args = _args((130, 3), h0=False, lower_bound=lower_bound)
     cache = torch.randn(4, H, 128, 128)
@@ -490,7 +490,7 @@ def test_no_compiler_warns_once_and_runs_triton(on_sm90, monkeypatch):
 
 def test_checkpoints_without_the_compiler_run_the_triton_path(on_sm90, monkeypatch):
     # The Triton path writes checkpoints too, so a missing compiler is a warning and a fallback, as without them.
-    rec = _fake(monkeypatch, jit_hip.CompilerNotFoundError(NO_NVCC))
+    _fake(monkeypatch, jit_hip.CompilerNotFoundError(NO_NVCC))
     triton_runs = _fake_triton(monkeypatch)
     args = _small(h0=False)
     args["output_final_state"] = False

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kdagen_kernels
-from kdagen.runtime import dispatch, fused_choice, validate
+from kdagen.runtime import fused_choice, validate
 from tests.kda_cases import make_inputs
 
 H, N = 2, 2

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdagen.kernels.hip import KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH, LAUNCHERS, QUERIES
+from kdagen.kernels.hip import ENTRIES, KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH, QUERIES
 from kdagen.reference import chunk_kda_prefill_reference, intra_workspace_reference, rel_l2
 from kdagen.render.context import hip_context
 from kdagen.render.env import make_env, render_template
@@ -75,7 +75,7 @@ class EmuLib:
         self._lib = ctypes.CDLL(str(so))
         for fn, restype in QUERIES.items():
             getattr(self._lib, fn).restype = restype
-        for abi in LAUNCHERS.values():
+        for abi in ENTRIES:
             getattr(self._lib, abi.name).argtypes = abi.ctypes_types()
             getattr(self._lib, abi.name).restype = ctypes.c_int
 
@@ -436,7 +436,9 @@ def test_a_plan_runs_the_emulated_library_layer_after_layer(tmp_path, monkeypatc
         x["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=V, lower_bound=-5.0, has_g_bias=True,
         use_qk_l2norm_in_kernel=True, state_indices=torch.tensor([2, 0], dtype=torch.int32),
         has_initial_state=torch.tensor([True, False]), pipeline="hip_intra+hip_walk")
-    assert plan.pipeline.name == "hip_intra+hip_walk" and plan.program.intra.lib is lib
+    (pair,) = plan.program.walks[2]  # both kernels in one C call: kda_pair_launch
+    assert plan.pipeline.name == "hip_intra+hip_walk" and isinstance(pair, fused_path.HipPairLaunch)
+    assert plan.program.intra is None and pair.intra.lib is lib
     for layer in range(2):
         cache = torch.randn(3 + layer, H, V, K, generator=torch.Generator().manual_seed(40 + layer)) * 0.1
         before = cache.clone()

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The fused HIP path's extern "C" launchers (templates/hip/kda_chunk.hip.j2) and the kernels' argument
-structs, declared once. See Note [Kernel ABI]: the template renders the launchers' C parameter lists, the
-structs (kda::IntraArgs, kda::WalkArgs) and the packing of one into the other from here; runtime/jit_hip.py
-takes their ctypes argtypes, runtime/fused_path.py and the CPU emulation tests bind their arguments by name.
+"""The fused HIP path's extern "C" launchers (templates/hip/kda_chunk.hip.j2), the kernels' argument
+structs and the pair launch's records, declared once. See Note [Kernel ABI]: the template renders the
+launchers' C parameter lists, the structs (kda::IntraArgs, kda::WalkArgs), the records and the packing of one
+into the other from here; runtime/jit_hip.py takes their ctypes argtypes, runtime/fused_path.py and the CPU
+emulation tests bind their arguments by name.
 
-Changing a launcher's parameters (names aside) changes the C ABI: bump kdagen.targets.HIP_ABI.
+Changing a launcher's parameters or a record's fields (names aside) changes the C ABI: bump
+kdagen.targets.HIP_ABI. Strides are in elements. The workspace (qg, w, kg, u, aqk) is bf16 whatever the I/O
+dtype (kda_common.h).
 
 Note [Pair record]
     The fused plan's hip_intra + hip_walk run is one C call, kda_pair_launch(run, plan): `run` points at a
@@ -15,7 +18,6 @@ Note [Pair record]
     WalkArgs are rendered from here, with a static_assert per field offset, so the compiler checks every
     build against the layout Python packs. Fields go 8-byte ones first, then 4-byte ones, then padding to
     8: the natural C layout, with no padding inside.
-Strides are in elements. The workspace (qg, w, kg, u, aqk) is bf16 whatever the I/O dtype (kda_common.h).
 """
 
 from __future__ import annotations

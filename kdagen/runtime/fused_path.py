@@ -208,12 +208,12 @@ class HipWalkLaunch:
                       ckpt.data_ptr() if ckpt is not None else None, sck_n or 0, n_ckpt_rows or 0, scale, stream])
 
 
-# HipPairLaunch packs the run record positionally, in this order; the record's own order must be the same.
+# HipPairLaunch packs the run record positionally, in this order: the record's (checked when this module loads).
 _PAIR_RUN = ("q", "k", "v", "g", "beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t",
              "sg_h", "sb_t", "sb_h", "stream", "out", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h",
              "n_slots", "ckpt", "sck_n", "n_ckpt_rows", "scale")
 if KDA_PAIR_LAUNCH.run.names != _PAIR_RUN:
-    raise ImportError(f"kdagen: HipPairLaunch packs {_PAIR_RUN}, the record is {KDA_PAIR_LAUNCH.run.names}")
+    raise RuntimeError(f"kdagen: HipPairLaunch packs {_PAIR_RUN}, the record is {KDA_PAIR_LAUNCH.run.names}")
 
 
 class HipPairLaunch:
@@ -223,6 +223,8 @@ class HipPairLaunch:
     packs the run record into a new bytes object and makes the call. `intra` and `walk` stay callable alone."""
 
     __slots__ = ("intra", "walk", "_pack", "_launch")
+    _WALK_VALUES = picker(("o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots", "ckpt",
+                           "sck_n", "n_ckpt_rows"))
 
     def __init__(self, intra: HipIntraLaunch, walk: HipWalkLaunch):
         if intra.lib is not walk.lib:
@@ -236,7 +238,7 @@ class HipPairLaunch:
         q, k, v, g, beta, A_log, bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream = \
             self.intra.run_values(values)
         walk = self.walk
-        o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows, _, _ = walk._VALUES(values)
+        o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows = self._WALK_VALUES(values)
         self._launch(self._pack(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(),
             bias.data_ptr() if bias is not None else 0, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h,

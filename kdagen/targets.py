@@ -138,7 +138,7 @@ HIP_WALK_STAGES = 2  # kda_walk.h WALK_STAGES
 # reduces Aqk / Akk over 32 columns); V: a multiple of 16 (the u and state tiles). Both at most 256 (a thread's
 # row-layout share, K / 16 and V / 16 columns, is at most 16).
 HIP_K_MULTIPLE, HIP_V_MULTIPLE, HIP_MAX_HEAD_DIM = 32, 16, 256
-HIP_ABI = 5  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
+HIP_ABI = 6  # bump when an extern "C" launcher's signature changes (fused_path.py checks it)
 
 
 def _r16(n: int) -> int:

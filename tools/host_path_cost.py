@@ -38,7 +38,7 @@ from types import SimpleNamespace
 
 import torch
 
-_C_TYPES = {ctypes.c_void_p: "void*", ctypes.c_int32: "int32_t", ctypes.c_int64: "int64_t", ctypes.c_float: "float"}
+_C_TYPES = {ctypes.c_void_p: "void*", ctypes.c_char_p: "const void*", ctypes.c_int32: "int32_t", ctypes.c_int64: "int64_t", ctypes.c_float: "float"}
 
 
 def _median_us(fn, n: int, sync=None) -> float:
@@ -55,7 +55,7 @@ def _median_us(fn, n: int, sync=None) -> float:
 def _noop_library(K: int, V: int, target: str):
     """A HipLibrary whose launchers return 0 at once: the generated launchers' C signatures (from their
     declarations, kdagen/kernels/hip.py) and queries answering for a (K, V) bf16 variant on `target`."""
-    from kdagen.kernels.hip import LAUNCHERS, QUERIES
+    from kdagen.kernels.hip import ENTRIES, QUERIES
     from kdagen.runtime.jit_hip import HipLibrary
     from kdagen.targets import HIP_ABI
 
@@ -65,7 +65,7 @@ def _noop_library(K: int, V: int, target: str):
     lines = ["#include <stdint.h>", 'const char* kda_error_string(int code) { return "no-op"; }']
     for fn, restype in QUERIES.items():
         lines.append(f"{'const char*' if restype is ctypes.c_char_p else 'int'} {fn}(void) {{ return {answers[fn]}; }}")
-    for abi in LAUNCHERS.values():
+    for abi in ENTRIES:
         params = ", ".join(f"{_C_TYPES[t]} a{i}" for i, t in enumerate(abi.ctypes_types()))
         lines.append(f"int {abi.name}({params}) {{ return 0; }}")
     where = Path(tempfile.mkdtemp(prefix="kdagen-noop-"))

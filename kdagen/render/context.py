@@ -178,6 +178,7 @@ def hip_context(v: VariantSpec, target: str, stamp: str) -> dict[str, Any]:
         "abi_version": HIP_ABI,
         "abi": hip_kernels.LAUNCHERS,
         "structs": hip_kernels.STRUCTS,
+        "pair": hip_kernels.KDA_PAIR_LAUNCH,
         "stamp": stamp,
         "kdagen_version": kdagen.__version__,
     }

@@ -4,7 +4,9 @@
 
 A plan builds the launches once, on its own workspace and metadata (int32 / int64 copies it owns, so a run
 converts only the per-layer tensors the kernels take in another dtype); nothing syncs, so graphs capture them.
-`run_intra` launches kda_intra_kernel alone (tools, GPU tests) after re-checking what the kernel relies on.
+A hip_intra + hip_walk plan runs both kernels in one C call (HipPairLaunch, Note [Pair record] in
+kdagen/kernels/hip.py); HipIntraLaunch and HipWalkLaunch launch one kernel each (hip_intra + triton_walk,
+tools). `run_intra` launches kda_intra_kernel alone (tools, GPU tests) after re-checking what the kernel relies on.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..kernels.hip import KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH
+from ..kernels.hip import INTRA_RUN, KDA_INTRA_LAUNCH, KDA_PAIR_LAUNCH, KDA_WALK_LAUNCH, WALK_RUN
 from .jit_hip import HipLibrary, load_library
 from .pipeline import HIP_INTRA_ROWS
 from .run_values import RUN_INDEX, RUN_ORDER, picker
@@ -121,11 +123,9 @@ class HipIntraLaunch:
     int32 copies, bound with the workspace into the launcher once; a call converts only what the kernel takes in
     another dtype (raw_g and raw_beta to the I/O dtype, A_log and g_bias to fp32) and launches."""
 
-    __slots__ = ("lib", "ws", "cu", "ci", "lower_bound", "has_bias", "H", "_launch")
+    __slots__ = ("lib", "ws", "cu", "ci", "lower_bound", "has_bias", "H", "plan_values", "_launch")
     _VALUES = picker(("q", "k", "v", "raw_g", "raw_beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t",
                       "sv_h", "sg_t", "sg_h", "sb_t", "sb_h", "scale", "stream"))
-    _DYNAMIC = ("q", "k", "v", "g", "beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t",
-                "sg_h", "sb_t", "sb_h", "scale", "stream")
 
     def __init__(self, lib: HipLibrary, ws: dict[str, torch.Tensor], *, cu_seqlens: torch.Tensor,
                  chunk_indices: torch.Tensor, lower_bound: float, has_bias: bool, H: int):
@@ -133,12 +133,23 @@ class HipIntraLaunch:
         self.cu = _i32(cu_seqlens)
         self.ci = _i32(chunk_indices)
         n_chunks = self.ci.shape[0] if self.ci.numel() else 0
-        self._launch = lib.launcher(KDA_INTRA_LAUNCH, dict(
+        # The launcher's plan-time values by name (HipPairLaunch packs them into its plan record).
+        self.plan_values = dict(
             cu_seqlens=self.cu.data_ptr(), chunk_indices=self.ci.data_ptr(),
             **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
-            num_chunks=n_chunks, H=H, lower_bound=self.lower_bound), self._DYNAMIC)
+            num_chunks=n_chunks, H=H, lower_bound=self.lower_bound)
+        self._launch = lib.launcher(KDA_INTRA_LAUNCH, self.plan_values, INTRA_RUN)
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
+        q, k, v, g, beta, A_log, bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream = \
+            self.run_values(values)
+        self._launch([q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(),
+                      bias.data_ptr() if bias is not None else None, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h,
+                      sb_t, sb_h, scale, stream])
+
+    def run_values(self, values: list) -> tuple:
+        """INTRA_RUN's values from the run's, with the tensors (not yet their pointers: the caller holds the
+        converted ones until the launch) in the kernel's dtypes; g_bias is None without a bias."""
         q, k, v, g, beta, A_log, g_bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream = \
             self._VALUES(values)
         io = q.dtype
@@ -153,9 +164,8 @@ class HipIntraLaunch:
             A_log = A_log.float()
         bias = None
         if self.has_bias:
-            bias = (g_bias if g_bias.dtype is torch.float32 else g_bias.float()).data_ptr()
-        self._launch([q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(), bias,
-                      sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream])
+            bias = g_bias if g_bias.dtype is torch.float32 else g_bias.float()
+        return q, k, v, g, beta, A_log, bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream
 
 
 class HipWalkLaunch:
@@ -165,11 +175,9 @@ class HipWalkLaunch:
     the checkpoint request are the plan's copies in the kernel's dtypes, bound into the launcher once; a call
     only reads the per-layer tensors' pointers and strides."""
 
-    __slots__ = ("lib", "_keep", "_launch", "state_in", "state_out")
+    __slots__ = ("lib", "_keep", "_launch", "state_in", "state_out", "plan_values")
     _VALUES = picker(("o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots", "ckpt", "sck_n",
                       "n_ckpt_rows", "scale", "stream"))
-    _DYNAMIC = ("out", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots", "ckpt", "sck_n",
-                "n_ckpt_rows", "scale", "stream")
 
     def __init__(self, lib: HipLibrary, ws: dict[str, torch.Tensor], *, state_in: int, state_out: int,
                  cu_seqlens: torch.Tensor, chunk_offsets: torch.Tensor, H: int, N: int,
@@ -185,11 +193,12 @@ class HipWalkLaunch:
              "a paged state needs state_indices and has_initial_state")
         self.lib, self.state_in, self.state_out = lib, state_in, state_out
         self._keep = (cu, co, idx, flags, ck_off, ck_idx, ws)  # the launcher holds their pointers
-        self._launch = lib.launcher(KDA_WALK_LAUNCH, dict(
+        self.plan_values = dict(
             **{n: ws[n].data_ptr() for n in ("qg", "w", "kg", "u", "aqk", "decay")},
             cu_seqlens=cu.data_ptr(), chunk_offsets=co.data_ptr(), state_in=state_in, state_out=state_out,
             state_idx=_ptr(idx), has_init=_ptr(flags), ckpt_off=_ptr(ck_off), ckpt_idx=_ptr(ck_idx), num_seqs=N,
-            H=H), self._DYNAMIC)
+            H=H)
+        self._launch = lib.launcher(KDA_WALK_LAUNCH, self.plan_values, WALK_RUN)
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
         o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows, scale, stream = \
@@ -197,3 +206,51 @@ class HipWalkLaunch:
         self._launch([o.data_ptr(), so_t, so_h, h0.data_ptr() if self.state_in else None,
                       ht.data_ptr() if self.state_out else None, sh0_n, sh0_h, sht_n, sht_h, n_slots,
                       ckpt.data_ptr() if ckpt is not None else None, sck_n or 0, n_ckpt_rows or 0, scale, stream])
+
+
+# HipPairLaunch packs the run record positionally, in this order: the record's (checked when this module loads).
+_PAIR_RUN = ("q", "k", "v", "g", "beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t",
+             "sg_h", "sb_t", "sb_h", "stream", "out", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h",
+             "n_slots", "ckpt", "sck_n", "n_ckpt_rows", "scale")
+if KDA_PAIR_LAUNCH.run.names != _PAIR_RUN:
+    raise RuntimeError(f"kdagen: HipPairLaunch packs {_PAIR_RUN}, the record is {KDA_PAIR_LAUNCH.run.names}")
+
+
+class HipPairLaunch:
+    """A hip_intra + hip_walk plan's run for one state_in: kda_intra_kernel then kda_walk_kernel in one C call
+    (kda_pair_launch, Note [Pair record]). The plan record holds both launches' plan-time values (bound once
+    from `intra` and `walk`, which keep the tensors they point at); a call converts what `intra` converts,
+    packs the run record into a new bytes object and makes the call. `intra` and `walk` stay callable alone."""
+
+    __slots__ = ("intra", "walk", "_pack", "_launch")
+    _WALK_VALUES = picker(("o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots", "ckpt",
+                           "sck_n", "n_ckpt_rows"))
+
+    def __init__(self, intra: HipIntraLaunch, walk: HipWalkLaunch):
+        if intra.lib is not walk.lib:
+            raise ValueError(f"{OP}: the pair's launches come from two libraries ({intra.lib.name}, {walk.lib.name})")
+        self.intra, self.walk = intra, walk
+        self._pack = KDA_PAIR_LAUNCH.run.packer.pack
+        self._launch = intra.lib.pair_launcher({**{f"intra_{n}": x for n, x in intra.plan_values.items()},
+                                                **{f"walk_{n}": x for n, x in walk.plan_values.items()}})
+
+    def __call__(self, values: list, key: tuple | None = None) -> None:
+        q, k, v, g, beta, A_log, bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream = \
+            self.intra.run_values(values)
+        walk = self.walk
+        o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows = self._WALK_VALUES(values)
+        self._launch(self._pack(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(),
+            bias.data_ptr() if bias is not None else 0, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h,
+            stream, o.data_ptr(), so_t, so_h, h0.data_ptr() if walk.state_in else 0,
+            ht.data_ptr() if walk.state_out else 0, sh0_n, sh0_h, sht_n, sht_h, n_slots,
+            ckpt.data_ptr() if ckpt is not None else 0, sck_n or 0, n_ckpt_rows or 0, scale))
+
+
+def pair_launches(chunk: dict, walks: dict) -> tuple[dict, dict]:
+    """A hip_intra + hip_walk plan's stages with each walk and the intra made one HipPairLaunch (the chunk stage
+    then empty); unchanged where either stage is empty (no chunks, or no sequences)."""
+    intra = chunk.get("intra")
+    if not isinstance(intra, HipIntraLaunch) or not walks:
+        return chunk, walks
+    return {}, {s: (HipPairLaunch(intra, w),) for s, (w,) in walks.items()}

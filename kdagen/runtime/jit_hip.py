@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kdagen
-from kdagen.kernels.hip import KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH, QUERIES
+from kdagen.kernels.hip import ENTRIES, KDA_INTRA_LAUNCH, KDA_PAIR_LAUNCH, KDA_WALK_LAUNCH, QUERIES
 from kdagen.kernels.schema import ABIError, KernelABI
 from kdagen.targets import HIP_ABI, vendor_of
 
@@ -248,7 +248,7 @@ class HipLibrary:
                 f"cache entry ({Path(path).parent}) or set KDAGEN_TARGET to the device's real target")
         lib.kda_error_string.restype = ctypes.c_char_p
         lib.kda_error_string.argtypes = [ctypes.c_int]
-        for abi in (KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH):
+        for abi in ENTRIES:
             fn = getattr(lib, abi.name)
             fn.argtypes = abi.ctypes_types()
             fn.restype = ctypes.c_int
@@ -298,6 +298,23 @@ class HipLibrary:
             if code != 0:
                 check(code, what)
 
+        return launch
+
+    def pair_launcher(self, plan: Mapping[str, object]) -> Callable[[bytes], None]:
+        """kda_pair_launch with its plan record packed once from `plan` (kernels/hip.py KDA_PAIR_LAUNCH.plan, values by
+        field name): the returned function takes a run record (KDA_PAIR_LAUNCH.run.packer's bytes) and raises on a
+        launch error as intra / walk do. The plan record lives as long as the function (Note [Pair record])."""
+        fn = self._lib.kda_pair_launch
+        record = ctypes.create_string_buffer(KDA_PAIR_LAUNCH.plan.pack(plan))
+        address = ctypes.c_void_p(ctypes.addressof(record))
+        check = self.check
+
+        def launch(run: bytes) -> None:
+            code = fn(run, address)
+            if code != 0:
+                check(code, "pair")
+
+        launch.plan_record = record  # type: ignore[attr-defined]  # its owner, beside `address`
         return launch
 
     def smem_bytes(self) -> tuple[int, int]:

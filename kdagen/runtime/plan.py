@@ -34,7 +34,7 @@ from types import ModuleType
 import torch
 
 from . import debug_checks
-from .fused_path import HipIntraLaunch, HipWalkLaunch
+from .fused_path import HipIntraLaunch, HipWalkLaunch, pair_launches
 from .jit_hip import HipLibrary
 from .pipeline import Pipeline, Program
 from .plan_metadata import META_NAMES, PlanMetadata
@@ -142,6 +142,8 @@ class KdaPrefillPlan:
                                   groups=self.groups, sms=sms, cu_seqlens=cu, chunk_offsets=co, state_ins=state_ins,
                                   state_out=state_out, direct=direct, u_from_v=pipeline.walk == "triton_walk_tb",
                                   **routing)
+        if pipeline.chunk == "hip_intra" and pipeline.walk == "hip_walk":
+            chunk, walks = pair_launches(chunk, walks)  # one C call per run
         self.program = Program(pipeline, chunk, walks, direct)
 
     def describe(self) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdagen.kernels.hip import KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH, LAUNCHERS, QUERIES
+from kdagen.kernels.hip import ENTRIES, KDA_INTRA_LAUNCH, KDA_WALK_LAUNCH, QUERIES
 from kdagen.reference import chunk_kda_prefill_reference, intra_workspace_reference, rel_l2
 from kdagen.render.context import hip_context
 from kdagen.render.env import make_env, render_template
@@ -75,7 +75,7 @@ class EmuLib:
         self._lib = ctypes.CDLL(str(so))
         for fn, restype in QUERIES.items():
             getattr(self._lib, fn).restype = restype
-        for abi in LAUNCHERS.values():
+        for abi in ENTRIES:
             getattr(self._lib, abi.name).argtypes = abi.ctypes_types()
             getattr(self._lib, abi.name).restype = ctypes.c_int
 
@@ -436,7 +436,9 @@ def test_a_plan_runs_the_emulated_library_layer_after_layer(tmp_path, monkeypatc
         x["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=V, lower_bound=-5.0, has_g_bias=True,
         use_qk_l2norm_in_kernel=True, state_indices=torch.tensor([2, 0], dtype=torch.int32),
         has_initial_state=torch.tensor([True, False]), pipeline="hip_intra+hip_walk")
-    assert plan.pipeline.name == "hip_intra+hip_walk" and plan.program.intra.lib is lib
+    (pair,) = plan.program.walks[2]  # both kernels in one C call: kda_pair_launch
+    assert plan.pipeline.name == "hip_intra+hip_walk" and isinstance(pair, fused_path.HipPairLaunch)
+    assert plan.program.intra is None and pair.intra.lib is lib
     for layer in range(2):
         cache = torch.randn(3 + layer, H, V, K, generator=torch.Generator().manual_seed(40 + layer)) * 0.1
         before = cache.clone()
@@ -450,3 +452,51 @@ def test_a_plan_runs_the_emulated_library_layer_after_layer(tmp_path, monkeypatc
         within(f"layer {layer} cache row 0", rel_l2(cache[0], rf[1]), _key("bf16", "final_state"))
         for row in range(1, 3 + layer, 2):  # rows no sequence routes to: untouched
             assert torch.equal(cache[row], before[row])
+
+
+def test_the_pair_launch_is_the_two_launches(tmp_path, monkeypatch, set_interpreting):
+    """kda_pair_launch (one C call, Note [Pair record]) writes the bits the two launchers write, on the generated
+    kernels (sm90_mma layer): a dense initial and final state, checkpoints, fp32 gate and beta projections (the
+    pair converts them to the I/O dtype like HipIntraLaunch) and no g_bias; then with g_bias and no initial state.
+    A field the pair unpacked from the wrong place would differ."""
+    import kdagen_kernels
+    from kdagen.runtime import fused_choice, fused_path
+    from kdagen.runtime.jit_hip import HipLibrary
+
+    K = V = 64
+    H = 2
+    e = next(v for v in HIP_VARIANTS if (v.head_dim_k, v.head_dim_v, v.dtype) == (K, V, "bf16"))
+    lib = HipLibrary(_compile(HIP / f"{e.name}__sm_90.hip", "sm90_mma", tmp_path), e.name, "sm_90")
+    set_interpreting(True)
+    monkeypatch.setattr(fused_choice, "fused_target", lambda device: "sm_90")
+    monkeypatch.setattr(fused_choice, "_fused_libs", {})
+    monkeypatch.setattr(fused_path, "load_fused", lambda *a, **kw: lib)
+    x = make([45, 140], H, K, V, seed=37)
+    T = x["q"].shape[1]
+    for bias, h0 in ((False, True), (True, False)):
+        plan = kdagen_kernels.plan_kda_prefill(
+            x["cu_seqlens"], num_heads=H, head_dim_k=K, head_dim_v=V, lower_bound=-5.0, has_g_bias=bias,
+            use_qk_l2norm_in_kernel=True, output_final_state=True, pipeline="hip_intra+hip_walk",
+            checkpoint_offsets=torch.tensor([0, 64], dtype=torch.int32))  # sequence 1's row
+        (pair,) = plan.program.walks[int(h0)]
+        assert isinstance(pair, fused_path.HipPairLaunch)
+        initial = torch.randn(2, H, V, K, generator=torch.Generator().manual_seed(38)) * 0.1 if h0 else None
+        results = []
+        for two_launches in (False, True):
+            with monkeypatch.context() as m:
+                if two_launches:
+                    m.setattr(fused_path.HipPairLaunch, "__call__",
+                              lambda self, values, key=None: (self.intra(values), self.walk(values)))
+                out = torch.full((1, T, H, V), float("nan"), dtype=torch.bfloat16)
+                ck = torch.full((2, H, V, K), float("nan"))
+                o, final = plan.run(x["q"], x["k"], x["v"], x["raw_g"].float(), x["raw_beta"].float(), x["A_log"],
+                                    x["g_bias"] if bias else None, initial_state=initial, out=out,
+                                    checkpoint_state=ck)
+                results.append((o, final, ck))
+        (o1, f1, c1), (o2, f2, c2) = results
+        assert not bool(torch.isnan(o1).any()) and not bool(torch.isnan(c1[1]).any())
+        assert torch.equal(o1, o2) and torch.equal(f1, f2)
+        assert torch.allclose(c1, c2, rtol=0, atol=0, equal_nan=True)  # row 0 (no checkpoint) NaN in both
+        ro, rf = _reference({**x, "g_bias": x["g_bias"] if bias else None}, initial)
+        within("pair output", rel_l2(o1, ro), _key("bf16", "output"))
+        within("pair final state", rel_l2(f1, rf), _key("bf16", "final_state"))

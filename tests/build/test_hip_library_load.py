@@ -31,6 +31,7 @@ int kda_walk_smem_bytes(void) { return 1; }
 int kda_walk_threads(void) { return 256; }
 int kda_intra_launch(void) { return 0; }
 int kda_walk_launch(void) { return 0; }
+int kda_pair_launch(void) { return 0; }
 }
 """
 

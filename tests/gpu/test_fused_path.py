@@ -53,8 +53,8 @@ def fused_runs(libs, monkeypatch):
     """Counts the runs of fused plans made by the dispatcher (and requires the libraries), and the HIP
     kda_intra_kernel launches among them (Note [Fused plans]): a bounded gate kda_intra takes must launch it."""
     calls: list[str] = []
-    real_run, real_intra, real_walk = (plan_mod.KdaPrefillPlan.run, fused_path.HipIntraLaunch.__call__,
-                                       fused_path.HipWalkLaunch.__call__)
+    real_run, real_intra, real_walk, real_pair = (plan_mod.KdaPrefillPlan.run, fused_path.HipIntraLaunch.__call__,
+                                                  fused_path.HipWalkLaunch.__call__, fused_path.HipPairLaunch.__call__)
 
     def run(self, *a, **kw):
         if self.path == "fused":
@@ -69,7 +69,12 @@ def fused_runs(libs, monkeypatch):
         calls.append("hip_walk")
         return real_walk(self, *a, **kw)
 
+    def pair(self, *a, **kw):  # both kernels, one C call
+        calls.extend(("hip_intra", "hip_walk"))
+        return real_pair(self, *a, **kw)
+
     monkeypatch.setattr(plan_mod.KdaPrefillPlan, "run", run)
+    monkeypatch.setattr(fused_path.HipPairLaunch, "__call__", pair)
     monkeypatch.setattr(fused_path.HipIntraLaunch, "__call__", intra)
     monkeypatch.setattr(fused_path.HipWalkLaunch, "__call__", walk)
     # Every fused plan here takes the HIP kernel, whatever the walks fill (pipeline.RULES): these are its

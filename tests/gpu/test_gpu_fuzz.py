@@ -83,14 +83,14 @@ def _run_hip_plan(args: dict, e) -> tuple[torch.Tensor, torch.Tensor | None, obj
         use_fused_chunk=True, pipeline=HIP_PIPELINE)
     launched: list[str] = []
     with pytest.MonkeyPatch.context() as m:
-        for cls in (fused_path.HipIntraLaunch, fused_path.HipWalkLaunch):
+        for cls in (fused_path.HipIntraLaunch, fused_path.HipWalkLaunch, fused_path.HipPairLaunch):
             m.setattr(cls, "__call__", _recording(cls.__call__, cls.__name__, launched))
         o, s = plan.run(args["q"], args["k"], args["v"], args["raw_g"], args["raw_beta"], args["A_log"],
                         args["g_bias"], initial_state=args.get("initial_state"), out=poisoned_out(args["v"]),
                         state_cache=args.get("state_cache"))
     assert plan.pipeline.name == HIP_PIPELINE and plan.lib is not None, plan.describe()
     if args["cu_seqlens"][-1] > 0:
-        assert set(launched) == {"HipIntraLaunch", "HipWalkLaunch"}, f"launched {launched}: {plan.describe()}"
+        assert set(launched) == {"HipPairLaunch"}, f"launched {launched}: {plan.describe()}"
     return o, s, plan
 
 

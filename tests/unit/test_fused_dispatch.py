@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import kdagen_kernels
+from kdagen.kernels.hip import KDA_PAIR_LAUNCH
 from kdagen.runtime import dispatch, fused_choice, fused_path, jit_hip, pipeline
 from kdagen.runtime.launch import KernelLaunch
 from kdagen.runtime.registry import VariantEntry
@@ -57,13 +58,28 @@ class Recorder:
         self.load_error = load_error
         self.loads: list[tuple] = []
         # A library with kda_walk_kernel (not the FMA fallback) whose launchers record their arguments by name.
-        self.lib = SimpleNamespace(walk_threads=256, launcher=self.launcher)
+        self.lib = SimpleNamespace(walk_threads=256, launcher=self.launcher, pair_launcher=self.pair_launcher)
         self.launches: list[tuple[str, dict]] = []
 
     def launcher(self, abi, static, dynamic):
         def launch(values):
             assert len(values) == len(dynamic)
             self.launches.append((abi.name, {**static, **dict(zip(dynamic, values))}))
+        return launch
+
+    def pair_launcher(self, plan):
+        """kda_pair_launch read back as the two launches it makes: both records unpacked by their fields'
+        names (the layout kdagen/kernels/hip.py declares), each launcher's arguments by name, null pointers None."""
+        pair = KDA_PAIR_LAUNCH
+        p = dict(zip(pair.plan.names, pair.plan.packer.unpack(pair.plan.pack(plan))))
+
+        def launch(record: bytes):
+            r = dict(zip(pair.run.names, pair.run.packer.unpack(record)))
+            for st, run in ((pair.intra, pair.intra_run), (pair.walk, pair.walk_run)):
+                prefix = st.abi.name.removeprefix("kda_").removesuffix("_launch") + "_"
+                args = {q.name: r[q.name] if q.name in run else p[prefix + q.name] for q in st.abi.params}
+                self.launches.append((st.abi.name, {n: None if x == 0 and q.kind == "ptr" else x
+                                                    for (n, x), q in zip(args.items(), st.abi.params)}))
         return launch
 
     def load_fused(self, package_dir, head_dim_k, head_dim_v, target, dtype="bf16"):
@@ -101,6 +117,16 @@ def _fake(monkeypatch, load_error: Exception | None = None) -> Recorder:
 
 def _args(lens=(9, 3), K=128, V=128, **kw):
     return make_inputs(list(lens), H, K, V, torch.bfloat16, "cpu", **kw)
+
+
+def _hip_stages(program, state_in: int) -> tuple:
+    """(the intra launch, the walk's one launch) of `program` for `state_in`, out of a HipPairLaunch (the
+    hip_intra + hip_walk plans') or the two stages."""
+    (walk,) = program.walks[state_in] if len(program.walks[state_in]) == 1 else (None,)
+    if isinstance(walk, fused_path.HipPairLaunch):
+        assert program.intra is None  # the pair launches kda_intra_kernel itself
+        return walk.intra, walk.walk
+    return program.intra, walk
 
 
 def _last_plan(registry):
@@ -232,7 +258,7 @@ def test_fused_call_runs_the_hip_intra_kernel_then_the_hip_walk(on_sm90, monkeyp
     assert o is out and final.shape == (2, H, 128, 128) and final.dtype == torch.float32
     assert rec.loads == [(PACKAGE_DIR, 128, 128, "sm_90", "bf16")]
     (program,), (values,) = programs, runs
-    launch = program.intra
+    launch, _ = _hip_stages(program, 1)
     assert isinstance(launch, fused_path.HipIntraLaunch) and launch.lib is rec.lib
     assert launch.lower_bound == -5.0 and launch.has_bias and launch.H == H
     assert launch.ci.dtype == torch.int32 and torch.equal(launch.ci.long(), torch.tensor([[0, 0], [1, 0]]))
@@ -241,8 +267,8 @@ def test_fused_call_runs_the_hip_intra_kernel_then_the_hip_walk(on_sm90, monkeyp
         assert values[name] is args[name], name
     assert values["o"] is out and values["ht"] is final and values["h0"] is args["initial_state"]
     for state_in in (0, 1):  # zeros or the dense initial state; the dense final state
-        (walk,) = program.walks[state_in]
-        assert isinstance(walk, fused_path.HipWalkLaunch) and walk.lib is rec.lib
+        intra, walk = _hip_stages(program, state_in)
+        assert isinstance(walk, fused_path.HipWalkLaunch) and walk.lib is rec.lib and intra is launch
         assert (walk.state_in, walk.state_out) == (state_in, 1)
     kdagen_kernels.chunk_kda_prefill(**args, out=out, use_fused_chunk=True)
     assert len(rec.loads) == 1 and len(runs) == 2  # the library is loaded once per process
@@ -261,8 +287,8 @@ def test_hip_walk_unless_asked_for_triton_or_missing(on_sm90, monkeypatch, env, 
     kdagen_kernels.chunk_kda_prefill(**_args(), out=torch.empty(1, 12, H, 128, dtype=torch.bfloat16),
                                      use_fused_chunk=True)
     (program,) = programs
-    assert isinstance(program.intra, fused_path.HipIntraLaunch)
-    (walk,) = program.walks[1]
+    intra, walk = _hip_stages(program, 1)
+    assert isinstance(intra, fused_path.HipIntraLaunch)
     assert isinstance(walk, fused_path.HipWalkLaunch if hip else KernelLaunch)
 
 
@@ -287,11 +313,10 @@ def test_hip_walk_plans_walk_as_one_group(on_sm90, monkeypatch, forced):
     assert pipeline.choose_pipeline(work, triton_only).groups > 1
     kdagen_kernels.chunk_kda_prefill(**args, out=torch.empty_like(args["v"]), use_fused_chunk=True)
     (program,) = programs
-    assert isinstance(program.intra, fused_path.HipIntraLaunch)
+    assert isinstance(_hip_stages(program, 1)[0], fused_path.HipIntraLaunch)
     if forced is None:
         assert program.groups == 1
-        (walk,) = program.walks[1]
-        assert isinstance(walk, fused_path.HipWalkLaunch)
+        assert isinstance(_hip_stages(program, 1)[1], fused_path.HipWalkLaunch)
     else:
         assert program.groups == forced
         assert all(isinstance(w, KernelLaunch) for w in program.walks[1]) and len(program.walks[1]) == 3
@@ -329,7 +354,7 @@ def test_hip_intra_kernel_where_the_walks_fill_half_the_gpu(on_sm90, monkeypatch
     kdagen_kernels.chunk_kda_prefill(**_args(), out=torch.empty(1, 12, H, 128, dtype=torch.bfloat16),
                                      use_fused_chunk=True)
     (program,) = programs
-    assert isinstance(program.intra, fused_path.HipIntraLaunch) == hip
+    assert isinstance(_hip_stages(program, 1)[0], fused_path.HipIntraLaunch) == hip
 
 
 def test_a_gate_the_hip_intra_cannot_take_runs_the_triton_pipeline(on_sm90, monkeypatch):
@@ -367,7 +392,7 @@ def test_fused_call_with_state_cache_and_checkpoints(on_sm90, monkeypatch, lower
     if lower_bound == UNFIT_GATE:  # the Triton walk
         assert all(isinstance(w, KernelLaunch) for w in program.walks[2])
     else:  # the HIP walk reads and writes the cache rows in place and writes the checkpoints
-        (walk,) = program.walks[2]
+        _, walk = _hip_stages(program, 2)
         assert isinstance(walk, fused_path.HipWalkLaunch) and (walk.state_in, walk.state_out) == (2, 2)
         cu, co, idx, flags, ck_off, ck_idx, _ = walk._keep
         assert idx.dtype == torch.int32 and idx.tolist() == [2, -1] and flags.tolist() == [1, 0]
@@ -544,9 +569,10 @@ def test_a_hip_variant_without_a_triton_variant_runs_both_hip_stages(on_sm90, mo
     (program,) = programs
     plan = _last_plan(registry)
     assert plan.mod is None and program.pipeline.name == "hip_intra+hip_walk" and rec.loads
-    assert isinstance(program.intra, fused_path.HipIntraLaunch)
-    assert all(isinstance(w, fused_path.HipWalkLaunch) for (w,) in program.walks.values())
-    assert tuple(program.intra.ws["aqk"].shape) == (12, H, 16)
+    intra, _ = _hip_stages(program, 1)
+    assert isinstance(intra, fused_path.HipIntraLaunch)
+    assert all(isinstance(_hip_stages(program, s)[1], fused_path.HipWalkLaunch) for s in program.walks)
+    assert tuple(intra.ws["aqk"].shape) == (12, H, 16)
     rec.lib.walk_threads = 0  # a library on the FMA fallback has no walk, and there is no Triton walk
     dispatch.clear_plans()
     monkeypatch.setattr(fused_choice, "_fused_libs", {})
@@ -571,7 +597,8 @@ def test_hip_launchers_bind_the_plan_once_and_take_each_layer_s_tensors(on_sm90,
     rec = _fake(monkeypatch)
     args = _args(strided=True)
     plan = _hip_plan(args)
-    intra_ws = plan.program.intra.ws
+    intra_launch = _hip_stages(plan.program, 2)[0]
+    intra_ws = intra_launch.ws
     T = args["q"].shape[1]
     for layer in range(2):
         cache = torch.zeros(3 + layer, H, 128, 128)
@@ -590,8 +617,8 @@ def test_hip_launchers_bind_the_plan_once_and_take_each_layer_s_tensors(on_sm90,
         else:  # a bf16 copy, its own strides
             assert intra["beta"] != beta.data_ptr() and (intra["sb_t"], intra["sb_h"]) == (H, 1)
         assert intra["A_log"] == args["A_log"].data_ptr() and intra["g_bias"] == args["g_bias"].data_ptr()
-        assert intra["qg"] == intra_ws["qg"].data_ptr() and intra["cu_seqlens"] == plan.program.intra.cu.data_ptr()
-        assert intra["scale"] == 128 ** -0.5 and intra["stream"] == walk["stream"] == 0  # CPU: the null stream
+        assert intra["qg"] == intra_ws["qg"].data_ptr() and intra["cu_seqlens"] == intra_launch.cu.data_ptr()
+        assert intra["scale"] == pytest.approx(128 ** -0.5, rel=1e-7) and intra["stream"] == walk["stream"] == 0  # CPU: the null stream
         assert walk["out"] == out.data_ptr() and (walk["so_t"], walk["so_h"]) == out.stride()[1:3]
         assert walk["h0"] == walk["ht"] == cache.data_ptr() and walk["n_slots"] == cache.shape[0]
         assert (walk["sh0_n"], walk["sht_n"]) == (cache.stride(0),) * 2 and walk["qg"] == intra_ws["qg"].data_ptr()

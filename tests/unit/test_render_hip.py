@@ -38,7 +38,7 @@ def test_one_source_per_variant_and_target_and_verbatim_headers():
             assert f"#define INTRA_ITEMS {TARGETS[target].hip_intra_items} " in text
             assert '#include "kda_port.h"' in text and '#include "kda_launch.h"' in text
             # The instantiation holds no kernel code: that is in the verbatim headers.
-            assert "__global__" not in text and len(text.splitlines()) < 250
+            assert "__global__" not in text and len(text.splitlines()) < 400  # the pair records' structs included
             for abi in LAUNCHERS.values():  # the launchers' parameter lists are the declarations'
                 assert f"int {abi.name}(\n    {abi.c_params()}) {{" in text
             for st in STRUCTS.values():  # and so are the kernels' argument structs (no copy in the headers)

@@ -67,5 +67,11 @@ inline int walk_launch(const WalkArgs& a, kdaStream_t stream) {
 #endif
 }
 
+// kda_intra_kernel then kda_walk_kernel on one stream (the fused plan's run): the first error, if any.
+inline int pair_launch(const IntraArgs& intra, int64_t num_chunks, const WalkArgs& walk, kdaStream_t stream) {
+  const int err = intra_launch(intra, num_chunks, stream);
+  return err ? err : walk_launch(walk, stream);
+}
+
 }  // namespace kda
 #endif  // !KDA_DEVICE_ONLY

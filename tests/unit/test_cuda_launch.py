@@ -16,6 +16,7 @@ import types
 
 import pytest
 import torch
+import triton.language as tl
 
 from kdagen.kernels.schema import KernelABI, constexpr, f32, i32, i64, ptr
 from kdagen.runtime import cuda_launch
@@ -276,3 +277,43 @@ def test_without_direct_launches_every_launch_is_the_jit_s(fake):
     launch(values, None)
     launch(values, None)
     assert [how for how, *_ in log] == ["jit", "jit"] and fake.fake_calls() == 0 and launch.launcher == "jit"
+
+
+def _body(x, n, stride, scale, one, y, w, B: tl.constexpr):
+    i = tl.arange(0, B)
+    v = tl.load(x + i * stride) * scale + n + one
+    tl.store(y + i, v + tl.load(w + i).to(tl.float32))
+
+
+PTX_SIZES = {"u64": 8, "b64": 8, "s64": 8, "f64": 8, "u32": 4, "b32": 4, "s32": 4, "f32": 4}
+
+
+def test_the_slots_are_the_ptx_entry_s_parameters_on_the_installed_triton(fake):
+    # The installed Triton compiles a kernel of this file's signature for sm_90 (no GPU needed); the .entry's
+    # parameters, Triton's trailing scratch pointers included, are the slots a DriverLaunch passes, with the
+    # sizes the driver copies from them.
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    fn = JITFunction(_body)
+    signature = {**SIGNATURE, "stride": "i64"}
+    try:
+        kernel = triton.compile(ASTSource(fn, signature, constexprs={"B": 16, "one": 1}),
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    except RuntimeError as exc:
+        if "ptxas" not in str(exc):
+            raise
+        pytest.skip(f"no ptxas for sm_90 here: {exc}")
+    ptx = kernel.asm["ptx"]
+    entry = ptx[ptx.index(".entry"):]
+    params = re.findall(r"\.param\s+\.(\w+)", entry[:entry.index(")")])
+    passed = [ty for ty in signature.values() if ty != "constexpr"]
+    trailing = cuda_launch.VERIFIED_TRITON[cuda_launch._triton_version()]
+    ours = [8 if ty.startswith("*") else struct.calcsize("<" + cuda_launch.SLOT[ty][0]) for ty in passed]
+    assert [PTX_SIZES[p] for p in params] == ours + [8] * trailing
+    assert cuda_launch.why_not(kernel, (6, 2, 1), [p.name for p in ABI.params],
+                               [torch.zeros(4), 3, 5, 0.5, 1, torch.zeros(4), torch.zeros(4), 16]) is None

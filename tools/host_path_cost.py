@@ -17,7 +17,8 @@ use_fused_chunk=True; the pipeline each measured plan runs is printed. On the CP
 runs against a library of no-op extern "C" launchers with the generated launchers' C signatures (built here
 with cc), so the ctypes calls and their argument conversion are timed as on a GPU; the CUDA stream lookup,
 which a CPU tensor has not, is not. --pieces times plan.run's parts (the per-layer checks, the binding, the
-launches) and the wrapper's share (the cached call less plan.run of its plan).
+launches) and the wrapper's share (the cached call less plan.run of its plan), and names the launcher each of
+its plan's launches used.
 
 With --cuda the tensors are on the GPU and the launches are real: each sample drains the device first, so
 the figure is the host time of one call on an idle device (the bench's host column), and `add_` is one
@@ -161,6 +162,9 @@ def main() -> None:
         print(f"    wrapper (call - its plan.run) {wrapper:7.1f} us = {wrapper / add_us:5.1f}x add_")
         for name in ("call plan.run", "checks (_fast_ok)", "binding (bind)", "launches (program.run)"):
             print(f"    {name:29s} {us[name]:7.1f} us = {us[name] / add_us:5.1f}x add_")
+        launchers = sorted({getattr(x, "launcher", type(x).__name__) for s in (0, 1, 2)
+                            for x in call_plan.program.launches(s)})
+        print(f"    Triton launchers (Note [Compiled launch]): {'; '.join(launchers)}")
     if "--profile" in argv:
         import cProfile
         import pstats

@@ -54,7 +54,7 @@ def spec_key(values: Sequence[object]) -> tuple:
     return tuple(key)
 
 
-_DATA_PTR = operator.methodcaller("data_ptr")
+_DATA_PTR = torch.Tensor.data_ptr  # the unbound method: half the cost of methodcaller("data_ptr")
 _DTYPE = operator.attrgetter("dtype")
 
 

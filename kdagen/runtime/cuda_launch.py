@@ -9,8 +9,8 @@ Note [Driver launch]
     ctypes buffer, and per run packs the values that can change (the tensors' data pointers, the run's ints and
     floats) into that buffer with one `struct.pack_into` and makes one ctypes call to the driver.
 
-    The parameter list is the one Triton's own launcher passes on triton 3.6 to 3.9 (read from each release's
-    nvidia driver): the kernel's parameters in declaration order, less those its signature marks "constexpr"
+    The parameter list is the one Triton's own launcher passes on triton 3.6, 3.7, 3.8 and 3.9 (read from
+    each release's nvidia driver): the kernel's parameters in declaration order, less those its signature marks "constexpr"
     (the declared constexprs, and the ints and Nones Triton specialised into constants), each stored as its
     signature type says (a pointer as a 64-bit CUdeviceptr, i32 / i64 / u32 / u64 as such, fp32 as the 32-bit
     float, fp64 as the double), then two trailing pointers, the global and the profile scratch, both null when
@@ -23,15 +23,16 @@ Note [Driver launch]
     a non-CUDA target, a signature type whose storage the releases disagree on (i1 / u1 are 1 byte in 3.6, 4
     later) or that needs conversion (fp16, bf16, tensor descriptors, tuples), scratch memory, clusters
     (num_ctas != 1, cluster dims), cooperative or PDL launches, instrumentation, shared memory beyond what
-    triton 3.9 launches without an extra attribute, an empty grid, a value whose type the layout does not
+    triton 3.8 and 3.9 launch without an extra attribute, an empty grid, a value whose type the layout does not
     expect, or no libcuda.so.1. Launch hooks (triton.knobs.runtime.launch_enter_hook / launch_exit_hook with
     calls) are checked per launch: while any is installed the launch goes through Triton's launcher, which calls
     them.
 
     Thread safety: the parameter buffer is shared by every call of one DriverLaunch, so packing it and the
     driver call that reads it hold the launch's own lock (uncontended: ~0.1 us; cuLaunchKernel copies the
-    parameters before it returns). Two plans never share a DriverLaunch; one plan run from two threads at once
-    serialises only this step of each launch.
+    parameters before it returns). Two plans never share a DriverLaunch. One plan run from two threads at once
+    (which its shared workspace does not allow anyway: the wrapper keeps a plan per thread and stream)
+    serialises only this step of each launch and never mixes two runs' parameters.
 
     A launch in a thread without a current CUDA context (CUDA_ERROR_INVALID_CONTEXT) makes the context that was
     current when the launcher was built (the one Triton loaded the kernel in) current and retries once, as
@@ -48,13 +49,15 @@ import threading
 from collections.abc import Callable, Sequence
 
 import torch
+import triton
+from triton import knobs
 
 # Triton releases whose nvidia launcher was read for the layout above: (major, minor) -> trailing pointers.
 VERIFIED_TRITON = {(3, 6): 2, (3, 7): 2, (3, 8): 2, (3, 9): 2}
 # Signature type -> struct code of its 8-byte slot (little-endian, padded to 8).
 SLOT = {"i32": "i4x", "i64": "q", "u32": "I4x", "u64": "Q", "fp32": "f4x", "f32": "f4x", "fp64": "d"}
 POINTER_SLOT = "Q"
-# triton 3.9 adds a launch attribute above this much dynamic shared memory; 3.6 and 3.7 do not.
+# triton 3.8 and 3.9 add a launch attribute above this much dynamic shared memory; 3.6 and 3.7 do not.
 MAX_SHARED = 228 * 1024
 CUDA_ERROR_INVALID_CONTEXT = 201
 
@@ -120,8 +123,6 @@ def driver() -> Driver | None:
 
 
 def _triton_version() -> tuple[int, int] | None:
-    import triton
-
     try:
         major, minor = (int(x) for x in triton.__version__.split(".")[:2])
     except ValueError:
@@ -131,8 +132,6 @@ def _triton_version() -> tuple[int, int] | None:
 
 def hooks_installed() -> bool:
     """Whether Triton launch hooks are installed (its launcher would call them)."""
-    from triton import knobs
-
     rt = knobs.runtime
     enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
     return bool((enter is not None and getattr(enter, "calls", True))
@@ -144,8 +143,8 @@ def why_not(kernel, grid: Sequence[int], names: Sequence[str], values: Sequence[
     keep Triton's launcher, or None when DriverLaunch passes exactly what that launcher would."""
     version = _triton_version()
     if version not in VERIFIED_TRITON:
-        return f"triton {getattr(__import__('triton'), '__version__', '?')} is not a verified release " \
-               f"({', '.join(f'{a}.{b}' for a, b in VERIFIED_TRITON)})"
+        verified = ", ".join(f"{a}.{b}" for a, b in VERIFIED_TRITON)
+        return f"triton {triton.__version__} is not a verified release ({verified})"
     if torch.version.hip is not None:
         return "a ROCm build of torch"
     meta = getattr(kernel, "metadata", None)
@@ -203,8 +202,7 @@ class DriverLaunch:
     fixed value taken from `fixed[i]`. Tensors' data pointers are read on every call, fixed ones too."""
 
     __slots__ = ("name", "_drv", "_grid", "_block", "_shared", "_head", "_stream", "_last_stream", "_ctx",
-                 "_params", "_buf",
-                 "_pack", "_tensors", "_fixed_tensors", "_scalars", "_fallback", "_lock")
+                 "_params", "_buf", "_pack", "_tensors", "_fixed_tensors", "_scalars", "_fallback", "_lock")
 
     def __init__(self, kernel, grid: Sequence[int], dynamic: Sequence[int | None], fixed: Sequence[object],
                  stream: int, fallback: Callable[[list], None], drv: Driver):

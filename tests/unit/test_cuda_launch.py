@@ -152,7 +152,8 @@ def test_the_parameter_array_is_triton_s_less_the_constexprs_then_two_null_scrat
         assert slot[0] == x.data_ptr()
         assert struct.unpack("<i", struct.pack("<Q", slot[1])[:4])[0] == n  # i32 in its first 4 bytes
         assert slot[2] == 1 << 40  # the fixed i64
-        assert struct.unpack("<f", struct.pack("<Q", slot[3])[:4])[0] == struct.unpack("<f", struct.pack("<f", scale))[0]
+        as_f32 = struct.unpack("<f", struct.pack("<f", scale))[0]
+        assert struct.unpack("<f", struct.pack("<Q", slot[3])[:4])[0] == as_f32  # fp32 in its first 4 bytes
         assert slot[4:8] == [y.data_ptr(), w.data_ptr(), 0, 0]  # B and one dropped; global, profile scratch null
     assert compiled.handles == 1
 
@@ -219,7 +220,8 @@ FALLBACKS = [
     ("bf16 scalar", {"signature": {**SIGNATURE, "scale": "bf16"}}, "'bf16' (not verified)"),
     ("tuple", {"signature": {**SIGNATURE, "n": ("i32", "i32")}}, "signature type ('i32', 'i32')"),
     ("tensor descriptor arg", {"signature": {**SIGNATURE, "x": "tensordesc<fp32[16, 16]>"}}, "tensordesc"),
-    ("other parameters", {"signature": {k if k != "w" else "v": t for k, t in SIGNATURE.items()}}, "not the declaration"),
+    ("other parameters", {"signature": {k if k != "w" else "v": t for k, t in SIGNATURE.items()}},
+     "not the declaration"),
     ("empty grid", {"grid": (0, 2)}, "grid (0, 2, 1)"),
 ]
 

@@ -64,7 +64,7 @@ CUDA_ERROR_INVALID_CONTEXT = 201
 _DATA_PTR = torch.Tensor.data_ptr  # the unbound method: half the cost of methodcaller("data_ptr")
 
 
-def _getter(positions: Sequence[int]) -> Callable[[Sequence], tuple]:
+def getter(positions: Sequence[int]) -> Callable[[Sequence], tuple]:
     """values -> the values at `positions`, always as a tuple."""
     if not positions:
         return lambda values: ()
@@ -239,9 +239,9 @@ class DriverLaunch:
         self._pack = struct.Struct("<" + per_run).pack_into
         struct.pack_into("<" + "".join(SLOT[ty] for _, ty in constants) + "Q" * trailing, self._buf,
                          8 * (len(ptr) + len(scalars)), *(fixed[i] for i, _ in constants), *(0,) * trailing)
-        self._tensors = _getter([dynamic[i] for i, _ in run_ptrs])
+        self._tensors = getter([dynamic[i] for i, _ in run_ptrs])
         self._fixed_tensors = tuple(fixed[i] for i, _ in fixed_ptrs)
-        self._scalars = _getter([dynamic[i] for i, _ in scalars])
+        self._scalars = getter([dynamic[i] for i, _ in scalars])
 
     def __call__(self, values: list) -> None:
         if hooks_installed():

@@ -36,6 +36,7 @@ import torch
 
 from ..kernels.schema import ABIError, KernelABI
 from . import cuda_launch
+from .cuda_launch import getter
 from .device import TRITON_COMPILE_OPTIONS
 
 _I32 = range(-2**31, 2**31)
@@ -58,14 +59,6 @@ _DATA_PTR = torch.Tensor.data_ptr  # the unbound method: half the cost of method
 _DTYPE = operator.attrgetter("dtype")
 
 
-def _getter(positions: Sequence[int]):
-    """values -> the values at `positions`, always as a tuple."""
-    if not positions:
-        return lambda values: ()
-    get = operator.itemgetter(*positions)
-    return get if len(positions) > 1 else lambda values: (get(values),)
-
-
 class RunKey:
     """spec_key's equivalent for a plan's runs, at about half its cost: a key that determines spec_key (equal keys
     have equal spec_keys), so a compiled launcher found under it is the one JITFunction.run would pick.
@@ -85,8 +78,8 @@ class RunKey:
         types = tuple(map(type, values))
         if types != self._types:
             self._types = types
-            self._tensors = _getter([i for i, t in enumerate(types) if issubclass(t, torch.Tensor)])
-            self._ints = _getter([i for i, t in enumerate(types) if t is int])
+            self._tensors = getter([i for i, t in enumerate(types) if issubclass(t, torch.Tensor)])
+            self._ints = getter([i for i, t in enumerate(types) if t is int])
             self._last_ints = None
         ints = self._ints(values)
         if ints != self._last_ints:

@@ -164,7 +164,7 @@ def main() -> None:
             print(f"    {name:29s} {us[name]:7.1f} us = {us[name] / add_us:5.1f}x add_")
         launchers = sorted({getattr(x, "launcher", type(x).__name__) for s in (0, 1, 2)
                             for x in call_plan.program.launches(s)})
-        print(f"    Triton launchers (Note [Compiled launch]): {'; '.join(launchers)}")
+        print(f"    launchers (Note [Compiled launch]): {'; '.join(launchers)}")
     if "--profile" in argv:
         import cProfile
         import pstats

@@ -3,6 +3,7 @@
 
 Usage: TRITON_INTERPRET=1 PYTHONPATH=.:generated python tools/host_path_cost.py [H:T:N] [--pipeline P] [--fused]
                                                                                [--pieces] [--profile]
+                                                                               [--triton-launcher]
        PYTHONPATH=.:generated python tools/host_path_cost.py --cuda [H:T:N] [...]    (on a GPU)
 
 vLLM's common case on CPU tensors: bf16, K = V = 128, cu_seqlens with caller-built chunk metadata, the
@@ -22,7 +23,8 @@ its plan's launches used.
 
 With --cuda the tensors are on the GPU and the launches are real: each sample drains the device first, so
 the figure is the host time of one call on an idle device (the bench's host column), and `add_` is one
-launch of torch's add kernel.
+launch of torch's add kernel. --triton-launcher keeps Triton's compiled launcher where the driver launch
+(Note [Driver launch]) would be used, for an A/B of the two in one process.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def main() -> None:
     argv = sys.argv[1:]
     pipeline = argv[argv.index("--pipeline") + 1] if "--pipeline" in argv else None
     fused = "--fused" in argv
+    if "--triton-launcher" in argv:
+        from kdagen.runtime import cuda_launch
+
+        cuda_launch.why_not = lambda *a, **kw: "host_path_cost.py --triton-launcher"
     cuda = "--cuda" in argv
     if pipeline is not None:
         os.environ["KDAGEN_PIPELINE"] = pipeline  # the wrapper's plan reads it when it is made

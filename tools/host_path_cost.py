@@ -3,6 +3,7 @@
 
 Usage: TRITON_INTERPRET=1 PYTHONPATH=.:generated python tools/host_path_cost.py [H:T:N] [--pipeline P] [--fused]
                                                                                [--pieces] [--profile]
+                                                                               [--triton-launcher]
        PYTHONPATH=.:generated python tools/host_path_cost.py --cuda [H:T:N] [...]    (on a GPU)
 
 vLLM's common case on CPU tensors: bf16, K = V = 128, cu_seqlens with caller-built chunk metadata, the
@@ -17,11 +18,13 @@ use_fused_chunk=True; the pipeline each measured plan runs is printed. On the CP
 runs against a library of no-op extern "C" launchers with the generated launchers' C signatures (built here
 with cc), so the ctypes calls and their argument conversion are timed as on a GPU; the CUDA stream lookup,
 which a CPU tensor has not, is not. --pieces times plan.run's parts (the per-layer checks, the binding, the
-launches) and the wrapper's share (the cached call less plan.run of its plan).
+launches) and the wrapper's share (the cached call less plan.run of its plan), and names the launcher each of
+its plan's launches used.
 
 With --cuda the tensors are on the GPU and the launches are real: each sample drains the device first, so
 the figure is the host time of one call on an idle device (the bench's host column), and `add_` is one
-launch of torch's add kernel.
+launch of torch's add kernel. --triton-launcher keeps Triton's compiled launcher where the driver launch
+(Note [Driver launch]) would be used, for an A/B of the two in one process.
 """
 
 from __future__ import annotations
@@ -89,6 +92,10 @@ def main() -> None:
     argv = sys.argv[1:]
     pipeline = argv[argv.index("--pipeline") + 1] if "--pipeline" in argv else None
     fused = "--fused" in argv
+    if "--triton-launcher" in argv:
+        from kdagen.runtime import cuda_launch
+
+        cuda_launch.why_not = lambda *a, **kw: "host_path_cost.py --triton-launcher"
     cuda = "--cuda" in argv
     if pipeline is not None:
         os.environ["KDAGEN_PIPELINE"] = pipeline  # the wrapper's plan reads it when it is made
@@ -161,6 +168,9 @@ def main() -> None:
         print(f"    wrapper (call - its plan.run) {wrapper:7.1f} us = {wrapper / add_us:5.1f}x add_")
         for name in ("call plan.run", "checks (_fast_ok)", "binding (bind)", "launches (program.run)"):
             print(f"    {name:29s} {us[name]:7.1f} us = {us[name] / add_us:5.1f}x add_")
+        launchers = sorted({getattr(x, "launcher", type(x).__name__) for s in (0, 1, 2)
+                            for x in call_plan.program.launches(s)})
+        print(f"    launchers (Note [Compiled launch]): {'; '.join(launchers)}")
     if "--profile" in argv:
         import cProfile
         import pstats

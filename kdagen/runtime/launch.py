@@ -9,28 +9,34 @@ parameter list and the launch can never disagree, and binding costs one C call.
 
 Note [Compiled launch]
     Triton's `JITFunction.run` binds and specialises every argument on every launch (about 40 us on the H200
-    machine's host for our kernels). After a launch through it, a KernelLaunch keeps the compiled kernel's own
-    launcher (`CompiledKernel[grid]`, which takes the same arguments) under the run's specialisation key:
+    machine's host for our kernels). After a launch through it, a KernelLaunch keeps a launch of the compiled
+    kernel it returned under the run's specialisation key:
     what Triton specialises a per-run value on (a tensor's dtype and 16-byte alignment; an int's == 1, % 16 and
     32-bit range; fixed arguments cannot change; a plan's Program computes it as `RunKey`, which costs less and
-    determines it). A later run with the same key calls that launcher directly;
-    any other key goes through JITFunction.run again, which compiles or finds the right kernel. The run's
-    stream (run_values "stream", read once per run) is passed to that launcher, which would otherwise look the
-    device and its current stream up per launch. AMD targets
+    determines it). A later run with the same key calls that launch directly;
+    any other key goes through JITFunction.run again, which compiles or finds the right kernel. That launch is
+    cuda_launch.DriverLaunch (Note [Driver launch]: one cuLaunchKernel through ctypes with a parameter array
+    built once) where cuda_launch.why_not finds nothing it was not verified for, else the compiled kernel's own
+    launcher (`CompiledKernel[grid]`, about 16 us a launch). Both get the run's stream (run_values "stream",
+    read once per run) instead of looking the device and its current stream up per launch. `launcher` and
+    `launchers` say which each key got. AMD targets
     always go through JITFunction.run: Triton also specialises their pointers on the 2 GiB buffer range, which
-    nothing here can verify on a GPU. KDAGEN_TRITON_JIT_LAUNCH=1 turns the direct path off.
+    nothing here can verify on a GPU. KDAGEN_TRITON_JIT_LAUNCH=1 turns the direct path off (every launch through
+    JITFunction.run).
 """
 
 from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 
 import torch
 
 from ..kernels.schema import ABIError, KernelABI
+from . import cuda_launch
+from .cuda_launch import getter
 from .device import TRITON_COMPILE_OPTIONS
 
 _I32 = range(-2**31, 2**31)
@@ -49,16 +55,8 @@ def spec_key(values: Sequence[object]) -> tuple:
     return tuple(key)
 
 
-_DATA_PTR = operator.methodcaller("data_ptr")
+_DATA_PTR = torch.Tensor.data_ptr  # the unbound method: half the cost of methodcaller("data_ptr")
 _DTYPE = operator.attrgetter("dtype")
-
-
-def _getter(positions: Sequence[int]):
-    """values -> the values at `positions`, always as a tuple."""
-    if not positions:
-        return lambda values: ()
-    get = operator.itemgetter(*positions)
-    return get if len(positions) > 1 else lambda values: (get(values),)
 
 
 class RunKey:
@@ -80,8 +78,8 @@ class RunKey:
         types = tuple(map(type, values))
         if types != self._types:
             self._types = types
-            self._tensors = _getter([i for i, t in enumerate(types) if issubclass(t, torch.Tensor)])
-            self._ints = _getter([i for i, t in enumerate(types) if t is int])
+            self._tensors = getter([i for i, t in enumerate(types) if issubclass(t, torch.Tensor)])
+            self._ints = getter([i for i, t in enumerate(types) if t is int])
             self._last_ints = None
         ints = self._ints(values)
         if ints != self._last_ints:
@@ -95,7 +93,8 @@ class RunKey:
 class KernelLaunch:
     """One launch of `abi`'s kernel from module `mod` with fixed grid, constexprs, options and static args."""
 
-    __slots__ = ("abi", "grid", "_call", "_kw", "_static", "_pick", "_constexprs", "_compiled", "_stream")
+    __slots__ = ("abi", "grid", "_call", "_kw", "_static", "_pick", "_constexprs", "_compiled", "_stream",
+                 "launchers")
 
     def __init__(self, mod: ModuleType, abi: KernelABI, grid: tuple[int, ...], *, constexprs: Mapping[str, object],
                  options: Mapping[str, int], static: Mapping[str, object], run_order: Sequence[str],
@@ -123,29 +122,56 @@ class KernelLaunch:
         self._pick = operator.itemgetter(*(where[p.name] for p in abi.params))
         self._constexprs = dict(constexprs)
         # spec_key -> the compiled kernel's launcher; None: always JITFunction.run (Note [Compiled launch]).
-        self._compiled: dict[tuple, object] | None = {} if direct else None
+        self._compiled: dict[tuple, Callable[[list], None]] | None = {} if direct else None
+        self.launchers: dict[tuple, str] = {}  # spec_key -> which launcher (debugging; see `launcher`)
         # Where the run's values hold the current stream (run_values "stream"): the compiled launcher takes it
         # instead of asking the driver for the device and its stream on every launch.
         self._stream = list(run_order).index("stream") if "stream" in run_order else None
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
         """values: the run's values in `run_order`; key: their spec_key, when direct launches are on."""
-        args = self._pick(values + self._static)
         compiled = self._compiled
         if compiled is not None and key is not None:
             runner = compiled.get(key)
             if runner is not None:
-                if self._stream is None:
-                    runner(*args)
-                else:
-                    runner(*args, stream=values[self._stream])
+                runner(values)
                 return
-            kernel = self._call(*args, **self._kw)
+            kernel = self._call(*self._pick(values + self._static), **self._kw)
             if kernel is not None and hasattr(kernel, "__getitem__"):
-                # The compiled launcher indexes all three grid dimensions.
-                compiled[key] = kernel[tuple(self.grid) + (1,) * (3 - len(self.grid))]
+                compiled[key], self.launchers[key] = self._direct(kernel, values)
             return
-        self._call(*args, **self._kw)
+        self._call(*self._pick(values + self._static), **self._kw)
+
+    def _direct(self, kernel, values: list) -> tuple[Callable[[list], None], str]:
+        """The launch for later runs with this run's key, and which it is (Note [Compiled launch])."""
+        grid = tuple(self.grid) + (1,) * (3 - len(self.grid))  # the compiled launcher indexes three dimensions
+        runner = kernel[grid]
+        pick, static, stream = self._pick, self._static, self._stream
+        if stream is None:
+            return (lambda values: runner(*pick(values + static))), "triton: no stream among the run's values"
+
+        def triton_launch(values: list) -> None:
+            runner(*pick(values + static), stream=values[stream])
+
+        args = pick(values + static)
+        why = cuda_launch.why_not(kernel, grid, [p.name for p in self.abi.params], args)
+        if why is not None:
+            return triton_launch, f"triton: {why}"
+        base = len(values)
+        where = self._pick(list(range(base + len(static))))
+        dynamic = [w if w < base else None for w in where]
+        fixed = [static[w - base] if w >= base else None for w in where]
+        drv = cuda_launch.driver()
+        assert drv is not None  # why_not checked it
+        return cuda_launch.DriverLaunch(kernel, grid, dynamic, fixed, stream, triton_launch, drv), "driver"
+
+    @property
+    def launcher(self) -> str:
+        """Which launcher the runs use: "jit" (JITFunction.run on every launch), or per specialisation key seen
+        so far "driver" (cuda_launch.DriverLaunch) or "triton: <why not the driver launch>"."""
+        if self._compiled is None:
+            return "jit"
+        return "; ".join(sorted(set(self.launchers.values()))) or "jit (no run yet)"
 
     @property
     def constexprs(self) -> dict[str, object]:

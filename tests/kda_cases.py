@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 
@@ -56,3 +59,21 @@ def make_inputs(lens: list[int], H: int, K: int, V: int, dtype: torch.dtype, dev
 
 def poisoned_out(v: torch.Tensor) -> torch.Tensor:
     return torch.full_like(v, float("nan"))
+
+
+def graph_replay(call: Callable[[], Any], out: torch.Tensor) -> tuple[Any, torch.cuda.CUDAGraph]:
+    """`call` warmed up on a side stream, captured into a CUDA graph, then replayed once with `out` poisoned
+    first: what the captured call returned, and the graph (keep it while using that: its memory pool)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = call()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return got, graph

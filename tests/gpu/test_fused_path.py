@@ -29,7 +29,7 @@ from kdagen.runtime import plan as plan_mod
 from kdagen.runtime.device import target_of
 from kdagen.runtime.pipeline import intra_fits
 from kdagen.runtime.settings import GROUPS_ENV
-from tests.kda_cases import cu_of, make_inputs, poisoned_out
+from tests.kda_cases import cu_of, graph_replay, make_inputs, poisoned_out
 from tests.tolerances import check, within
 
 DEV = "cuda"
@@ -386,18 +386,8 @@ def test_graph_capture_equals_eager(fused_runs):
     meta = {"chunk_indices": ci, "chunk_offsets": co}
     o_eager, s_eager = _fused(fused_runs, args, out=poisoned_out(args["v"]), **meta)
     out = poisoned_out(o_eager)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up outside the capture
-        kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=out, **meta)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _, s_graph = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=out, **meta)
-    out.fill_(NAN)
-    graph.replay()
-    torch.cuda.synchronize()
+    (_, s_graph), graph = graph_replay(
+        lambda: kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=out, **meta), out)
     assert fused_runs.count("plan") == 3, "the captured call did not take the fused path"
     assert torch.equal(out, o_eager) and torch.equal(s_graph, s_eager)
 

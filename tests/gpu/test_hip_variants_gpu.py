@@ -18,7 +18,7 @@ import torch
 import kdagen_kernels
 from kdagen.runtime import dispatch, fused_path, pipeline
 from kdagen.runtime.registry import TORCH_DTYPES
-from tests.kda_cases import cu_of, make_inputs, poisoned_out
+from tests.kda_cases import cu_of, graph_replay, make_inputs, poisoned_out
 from tests.tolerances import check, check_output, output_terms
 from tests.variant_cases import inputs
 
@@ -118,18 +118,8 @@ def test_hip_variant_keeps_the_fused_paths_guarantees(entry, monkeypatch, pipeli
     ci, co = kdagen_kernels.prepare_chunk_metadata_device(args["cu_seqlens"], args["cu_seqlens"].cpu(), entry.chunk_size)
     meta = {"chunk_indices": ci, "chunk_offsets": co}
     out = poisoned_out(o_dense)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture
-        kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=out, **meta)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _, s_graph = kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=out, **meta)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
+    (_, s_graph), graph = graph_replay(
+        lambda: kdagen_kernels.chunk_kda_prefill(**args, use_fused_chunk=True, out=out, **meta), out)
     assert torch.equal(out, o_dense) and torch.equal(s_graph, s_dense), f"graph replay: {entry.name}"
     dispatch.clear_plans()
     pipelines_ran[f"test_hip_variants_gpu guarantees: {HIP_PIPELINE} ({entry.name})"] += 1

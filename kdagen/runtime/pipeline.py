@@ -253,12 +253,13 @@ def _auto(work: Work, target: Target, groups: int | None, rules: Rules) -> tuple
                              f"no Triton pipeline for it: {target.triton_missing}")
         return "triton_pair", "triton_walk", f"the Triton pipeline: the HIP intra cannot take this batch ({gate})"
     fill = _fills_for_hip_intra(work, target, rules)
-    if not fill and target.triton is not None:
+    if fill is None and target.triton is not None:
         return (triton_chunk, "triton_walk",
                 f"the Triton program: {work.n_walks} (sequence, head) walks fill less than "
-                f"{rules.hip_intra_walks_per_sm:g} x {target.sms} SMs, where the HIP intra's 16-row steps do not pay; "
-                f"{chunk_why}")
-    reason = (f"hip_intra: {work.n_walks} (sequence, head) walks on {target.sms} SMs" if fill else
+                f"{rules.hip_intra_walks_per_sm:g} x {target.sms} SMs (or {rules.hip_intra_long_walks_per_sm:g} x over "
+                f"sequences of {rules.hip_intra_long_seq_chunks:g} chunks or more), where the HIP intra's 16-row "
+                f"steps do not pay; {chunk_why}")
+    reason = (f"hip_intra: {fill}" if fill is not None else
               f"hip_intra: the walks fill little of the GPU, but there is no Triton pipeline ({target.triton_missing})")
     split_asked = groups is not None and groups > 1
     triton_after = not stage_limits("hip_intra", "triton_walk", work, target, groups)
@@ -286,15 +287,18 @@ def _triton_chunk(gate: str | None, target: Target, rules: Rules) -> tuple[str, 
     return "triton_intra", "triton_intra: the gate and norm fit kda_intra"
 
 
-def _fills_for_hip_intra(work: Work, target: Target, rules: Rules) -> bool:
-    """Whether the walks give hip_intra's 16-row chunk steps enough of the GPU to pay (RULES): half the SMs,
-    or fewer walks over long sequences (their walk's saving outweighs the chunk stage's idle SMs)."""
+def _fills_for_hip_intra(work: Work, target: Target, rules: Rules) -> str | None:
+    """Why the walks give hip_intra's 16-row chunk steps enough of the GPU to pay (RULES: half the SMs, or fewer
+    walks over long sequences, whose walk's saving outweighs the chunk stage's idle SMs), or None."""
     if target.sms is None:
-        return True
+        return "no GPU to fill"
+    walks = f"{work.n_walks} (sequence, head) walks on {target.sms} SMs"
     if work.n_walks >= rules.hip_intra_walks_per_sm * target.sms:
-        return True
+        return walks
     per_seq = work.n_chunks / max(work.n_seq, 1)
-    return work.n_walks >= rules.hip_intra_long_walks_per_sm * target.sms and per_seq >= rules.hip_intra_long_seq_chunks
+    if work.n_walks >= rules.hip_intra_long_walks_per_sm * target.sms and per_seq >= rules.hip_intra_long_seq_chunks:
+        return f"{walks}, sequences averaging {per_seq:.1f} chunks (at least {rules.hip_intra_long_seq_chunks:g})"
+    return None
 
 
 def _short_for_hip_walk(work: Work, rules: Rules) -> str | None:

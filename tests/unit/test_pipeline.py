@@ -54,6 +54,8 @@ def test_more_heads_never_move_from_the_hip_pair_back_to_triton(n_seq, H, more, 
     # Under the rules' model the HIP intra pays exactly where the walks fill half the SMs, or a quarter of them
     # over sequences of 8 chunks or more ...
     assert (a.chunk == "hip_intra") == (2 * n_seq * H >= sms or (4 * n_seq * H >= sms and per_seq >= 8)), a.reason
+    if a.chunk == "hip_intra" and 2 * n_seq * H < sms:
+        assert f"sequences averaging {per_seq:.1f} chunks" in a.reason, a.reason
     # ... and hip_walk after it where sequences average at least 1.5 chunks (else the grouped triton_walk).
     if a.chunk == "hip_intra":
         assert a.walk == ("hip_walk" if per_seq >= 1.5 else "triton_walk"), a.reason

@@ -36,6 +36,7 @@ import torch
 from . import debug_checks
 from .fused_path import HipIntraLaunch, HipWalkLaunch, pair_launches
 from .jit_hip import HipLibrary
+from .launch import KernelLaunch
 from .pipeline import Pipeline, Program
 from .plan_metadata import META_NAMES, PlanMetadata
 from .registry import VariantEntry
@@ -162,6 +163,7 @@ class KdaPrefillPlan:
             f"  stages: {self.pipeline.what}",
             f"  why: {self.pipeline.reason}",
             f"  knobs: {knobs}",
+            f"  launches: {_launches(self.program)}",
             f"  workspace: {self.workspace_bytes} bytes; output without `out`: {into}"))
 
     @property
@@ -384,6 +386,18 @@ def packed_metadata(p: Problem, chunk: int, device: torch.device, cu_seqlens, ch
     if chunk_offsets is None:
         chunk_offsets = prepare_chunk_offsets(cu_seqlens, chunk)
     return cu_seqlens, chunk_indices, chunk_offsets
+
+
+def _launches(program: Program) -> str:
+    """Each launch the plan makes and how (Note [Compiled launch]; the HIP launchers are C calls), in order."""
+    seen: dict[str, str] = {}
+    for state_in in (0, 1, 2):
+        for launch in program.launches(state_in):
+            if isinstance(launch, KernelLaunch):
+                seen.setdefault(launch.abi.name, launch.launcher)
+            else:
+                seen.setdefault(type(launch).__name__, "one C call")
+    return ", ".join(f"{name} ({how})" for name, how in seen.items()) or "none"
 
 
 def fused_output(v: torch.Tensor, *others: torch.Tensor | None) -> torch.Tensor:

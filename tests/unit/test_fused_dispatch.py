@@ -569,6 +569,7 @@ def test_a_hip_variant_without_a_triton_variant_runs_both_hip_stages(on_sm90, mo
     (program,) = programs
     plan = _last_plan(registry)
     assert plan.mod is None and program.pipeline.name == "hip_intra+hip_walk" and rec.loads
+    assert "launches: HipPairLaunch (one C call)" in plan.describe(), plan.describe()
     intra, _ = _hip_stages(program, 1)
     assert isinstance(intra, fused_path.HipIntraLaunch)
     assert all(isinstance(_hip_stages(program, s)[1], fused_path.HipWalkLaunch) for s in program.walks)

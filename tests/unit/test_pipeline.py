@@ -200,6 +200,8 @@ def test_describe_names_the_stages_groups_knobs_and_why():
     assert "why: the Triton pipeline (use_fused_chunk is False); triton_pair: the gate is not bounded" in text
     assert "one group (no GPU to fill)" in text and "knobs: block_v=" in text and "a new tensor" in text
     assert "stages: kda_prologue + kda_wu on whole chunks (any gate); kda_recurrence reads u" in text
+    # The interpreter's plans launch through JITFunction.run (no direct launches without a GPU).
+    assert "launches: kda_prologue (jit), kda_wu (jit), kda_recurrence (jit)" in text, text
 
 
 def test_auto_never_picks_the_tb_pair_and_it_takes_the_intra_knobs():

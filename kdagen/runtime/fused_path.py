@@ -11,6 +11,7 @@ tools). `run_intra` launches kda_intra_kernel alone (tools, GPU tests) after re-
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 
 import torch
@@ -141,15 +142,14 @@ class HipIntraLaunch:
         self._launch = lib.launcher(KDA_INTRA_LAUNCH, self.plan_values, INTRA_RUN)
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
-        q, k, v, g, beta, A_log, bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream = \
-            self.run_values(values)
-        self._launch([q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(),
-                      bias.data_ptr() if bias is not None else None, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h,
-                      sb_t, sb_h, scale, stream])
+        args, keep = self.c_args(values)
+        self._launch(args)
+        del keep  # the converted tensors outlive the launch that reads them
 
-    def run_values(self, values: list) -> tuple:
-        """INTRA_RUN's values from the run's, with the tensors (not yet their pointers: the caller holds the
-        converted ones until the launch) in the kernel's dtypes; g_bias is None without a bias."""
+    def c_args(self, values: list) -> tuple[list, tuple]:
+        """INTRA_RUN's C values from the run's (pointers, 0 for none), and the tensors converted to the kernel's
+        dtypes, which the caller holds until the launch: freed earlier, the allocator could hand their memory to a
+        later conversion enqueued before the kernel reads them."""
         q, k, v, g, beta, A_log, g_bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream = \
             self._VALUES(values)
         io = q.dtype
@@ -165,7 +165,9 @@ class HipIntraLaunch:
         bias = None
         if self.has_bias:
             bias = g_bias if g_bias.dtype is torch.float32 else g_bias.float()
-        return q, k, v, g, beta, A_log, bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream
+        return [q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(),
+                bias.data_ptr() if bias is not None else 0, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h,
+                scale, stream], (g, beta, A_log, bias)
 
 
 class HipWalkLaunch:
@@ -201,19 +203,20 @@ class HipWalkLaunch:
         self._launch = lib.launcher(KDA_WALK_LAUNCH, self.plan_values, WALK_RUN)
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
+        self._launch(self.c_args(values))
+
+    def c_args(self, values: list) -> list:
+        """WALK_RUN's C values from the run's (pointers, 0 for none)."""
         o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows, scale, stream = \
             self._VALUES(values)
-        self._launch([o.data_ptr(), so_t, so_h, h0.data_ptr() if self.state_in else None,
-                      ht.data_ptr() if self.state_out else None, sh0_n, sh0_h, sht_n, sht_h, n_slots,
-                      ckpt.data_ptr() if ckpt is not None else None, sck_n or 0, n_ckpt_rows or 0, scale, stream])
+        return [o.data_ptr(), so_t, so_h, h0.data_ptr() if self.state_in else 0,
+                ht.data_ptr() if self.state_out else 0, sh0_n, sh0_h, sht_n, sht_h, n_slots,
+                ckpt.data_ptr() if ckpt is not None else 0, sck_n or 0, n_ckpt_rows or 0, scale, stream]
 
 
-# HipPairLaunch packs the run record positionally, in this order: the record's (checked when this module loads).
-_PAIR_RUN = ("q", "k", "v", "g", "beta", "A_log", "g_bias", "sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "sg_t",
-             "sg_h", "sb_t", "sb_h", "stream", "out", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h",
-             "n_slots", "ckpt", "sck_n", "n_ckpt_rows", "scale")
-if KDA_PAIR_LAUNCH.run.names != _PAIR_RUN:
-    raise RuntimeError(f"kdagen: HipPairLaunch packs {_PAIR_RUN}, the record is {KDA_PAIR_LAUNCH.run.names}")
+# Where each field of the pair's run record is in INTRA_RUN's C values followed by WALK_RUN's (scale and stream:
+# the intra's, the same values).
+_PAIR_PICK = operator.itemgetter(*((INTRA_RUN + WALK_RUN).index(n) for n in KDA_PAIR_LAUNCH.run.names))
 
 
 class HipPairLaunch:
@@ -223,8 +226,6 @@ class HipPairLaunch:
     packs the run record into a new bytes object and makes the call. `intra` and `walk` stay callable alone."""
 
     __slots__ = ("intra", "walk", "_pack", "_launch")
-    _WALK_VALUES = picker(("o", "so_t", "so_h", "h0", "ht", "sh0_n", "sh0_h", "sht_n", "sht_h", "n_slots", "ckpt",
-                           "sck_n", "n_ckpt_rows"))
 
     def __init__(self, intra: HipIntraLaunch, walk: HipWalkLaunch):
         if intra.lib is not walk.lib:
@@ -235,16 +236,9 @@ class HipPairLaunch:
                                                 **{f"walk_{n}": x for n, x in walk.plan_values.items()}})
 
     def __call__(self, values: list, key: tuple | None = None) -> None:
-        q, k, v, g, beta, A_log, bias, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, scale, stream = \
-            self.intra.run_values(values)
-        walk = self.walk
-        o, so_t, so_h, h0, ht, sh0_n, sh0_h, sht_n, sht_h, n_slots, ckpt, sck_n, n_ckpt_rows = self._WALK_VALUES(values)
-        self._launch(self._pack(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), A_log.data_ptr(),
-            bias.data_ptr() if bias is not None else 0, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h,
-            stream, o.data_ptr(), so_t, so_h, h0.data_ptr() if walk.state_in else 0,
-            ht.data_ptr() if walk.state_out else 0, sh0_n, sh0_h, sht_n, sht_h, n_slots,
-            ckpt.data_ptr() if ckpt is not None else 0, sck_n or 0, n_ckpt_rows or 0, scale))
+        args, keep = self.intra.c_args(values)
+        self._launch(self._pack(*_PAIR_PICK(args + self.walk.c_args(values))))
+        del keep  # the converted tensors outlive the launch that reads them
 
 
 def pair_launches(chunk: dict, walks: dict) -> tuple[dict, dict]:

@@ -103,8 +103,8 @@ def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: 
     sizes = chunk_sizes(variants, head_dim_k=p.K, head_dim_v=p.V, dtype=b.dtype, target=target)
     if not sizes:  # nothing generated for these dims here: select_variant says what is and how to add it
         select_variant(variants, backend="triton", head_dim_k=p.K, head_dim_v=p.V, dtype=b.dtype, target=target)
+    lens = _host_lengths(b.cu_seqlens, cu_seqlens_cpu)  # None: only the device holds them
     if chunk_size is None:
-        lens = _host_lengths(b.cu_seqlens, cu_seqlens_cpu)
         chunk = metadata_chunk(sizes, p, b.chunk_indices, b.chunk_offsets, lens)
     else:
         if chunk_size not in sizes:
@@ -172,7 +172,7 @@ def make_plan(variants: tuple[VariantEntry, ...], b: Batch, *, use_fused_chunk: 
     ci = meta["chunk_indices"]
     work = Work(n_seq=p.N, H=p.H, n_chunks=ci.shape[0] if ci.numel() else 0, lower_bound=b.lower_bound,
                 use_l2norm=b.use_qk_l2norm, checkpoints=b.checkpoint_offsets is not None,
-                max_seq_chunks=_longest_chunks(b, chunk, cu_seqlens_cpu))
+                max_seq_chunks=_longest_chunks(b, chunk, lens))
     facts = Target(name=plan_target, sms=device_sms(device), triton=mod, tuning=tun,
                    hip_walk_threads=lib.walk_threads if lib is not None else None, hip_missing=hip_missing,
                    triton_missing=triton_missing, fused=use_fused_chunk and hip_entry is not None,
@@ -209,11 +209,11 @@ def _host_lengths(cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor 
     return host[1:] - host[:-1]
 
 
-def _longest_chunks(b: Batch, chunk: int, cu_seqlens_cpu: torch.Tensor | None) -> int:
-    """The longest sequence's chunks, where the host knows it without reading the device (0 otherwise)."""
+def _longest_chunks(b: Batch, chunk: int, lens: torch.Tensor | None) -> int:
+    """The longest sequence's chunks, where the host knows it without reading the device (0 otherwise); `lens`:
+    _host_lengths'."""
     if b.cu_seqlens is None:
         return -(-b.p.T // chunk)
-    lens = _host_lengths(b.cu_seqlens, cu_seqlens_cpu)
     return -(-int(lens.max()) // chunk) if lens is not None and lens.numel() else 0
 
 

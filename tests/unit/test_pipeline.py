@@ -110,15 +110,24 @@ def test_the_group_model_sizes_a_ragged_batch_by_its_longest_sequence():
     assert p.groups == longest, p.reason
 
 
-def test_the_plan_knows_its_longest_sequence_from_the_host_lengths():
+def test_the_plan_knows_its_longest_sequence_from_the_host_lengths(monkeypatch):
     cu = torch.tensor([0, 10, 1000, 1070], dtype=torch.int32)
     b = types.SimpleNamespace(cu_seqlens=cu, p=types.SimpleNamespace(T=1070))
-    assert planning._longest_chunks(b, 64, None) == 16  # a CPU cu_seqlens: free to read
+    assert planning._longest_chunks(b, 64, planning._host_lengths(cu, None)) == 16  # a CPU cu_seqlens: free to read
     assert planning._longest_chunks(types.SimpleNamespace(cu_seqlens=None, p=types.SimpleNamespace(T=130)), 64, None) == 3
     on_device = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"))
-    b = types.SimpleNamespace(cu_seqlens=on_device, p=b.p)
-    assert planning._longest_chunks(b, 64, None) == 0  # unknown without a device read: the mean stands in
-    assert planning._longest_chunks(b, 64, cu) == 16
+    assert planning._host_lengths(on_device, None) is None  # unknown without a device read: the mean stands in
+    assert planning._longest_chunks(types.SimpleNamespace(cu_seqlens=on_device, p=b.p), 64, None) == 0
+    assert planning._longest_chunks(b, 64, planning._host_lengths(on_device, cu)) == 16
+    # A plan on a ragged batch hands the chooser its longest sequence.
+    args = make_inputs([9, 3, 200], 2, 64, 64, torch.bfloat16, "cpu")
+    seen = []
+    real = pipeline.choose_pipeline
+    monkeypatch.setattr(planning, "choose_pipeline",
+                        lambda work, *a, **kw: (seen.append(work.max_seq_chunks), real(work, *a, **kw))[1])
+    kdagen_kernels.plan_kda_prefill(args["cu_seqlens"], num_heads=2, head_dim_k=64, head_dim_v=64,
+                                    lower_bound=None, use_qk_l2norm_in_kernel=True)
+    assert seen == [4], seen  # 200 tokens: 4 chunks of 64
 
 
 def test_a_fused_request_with_a_gate_the_hip_intra_cannot_take_runs_triton():

@@ -41,13 +41,20 @@ class Target:
     # per lane, which costs a workgroup per CU where registers, not LDS, bound it (gfx950: 2 -> 1), so it is on
     # where LDS already allows one workgroup only (gfx942). CUDA's cp.async needs no registers (always on).
     hip_walk_prefetch: bool = True
-    # kda_intra_kernel (templates/hip/include/kda_intra.h) takes this many (walk chunk, head) items per workgroup,
-    # loading each next item's inputs during the current one's products. On AMD the item loop makes the compiler
+    # kda_intra_kernel's block design (templates/hip/include/kda_intra.h) takes this many (walk chunk, head) items per
+    # workgroup, loading each next item's inputs during the current one's products (the wave design takes one item
+    # per wave, INTRA_WAVE_ITEMS). On AMD the item loop makes the compiler
     # hoist per-lane masks out of it into SGPR pairs, past the 102 SGPRs (spills to VGPR lanes, which the AOT
     # budget refuses), so AMD takes one item per workgroup.
     hip_intra_items: int = 4
     # Columns one matrix-layer instruction reduces over (kda_mma.h KDA_MMA_K): kda_intra pads T's products to it.
     hip_mma_k: int = 16
+    # kda_intra_kernel's design (kda_intra.h): False the block design (a workgroup per item, barriers between its
+    # phases), True the wave design (a wave per item, about 21 KB of LDS per wave at K = V = 128). sm_90 takes the
+    # wave design, one item per wave: 3-10% less kernel time on the H200 (docs/performance-model.md, "The wave
+    # design"). AMD keeps the block design: gfx942's 64 KB of LDS per CU would hold 2 item-waves, half a wave per
+    # SIMD, under the occupancy budget (gfx950's 160 KB: 5, barely over one).
+    hip_intra_wave: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ TARGETS: dict[str, Target] = {
     "sm_90": Target(
         name="sm_90", vendor="nvidia", triton_backend="cuda", triton_arch=90, warp_size=32,
         smem_per_block=227 * 1024, triton_fp32_dot="tf32x3", triton_refused=(_SM90_WGMMA_BV32,),
-        hip_mma_layer=1, hip_mma_insn="mma.sync m16n8k16 bf16, warp 32",
+        hip_mma_layer=1, hip_mma_insn="mma.sync m16n8k16 bf16, warp 32", hip_intra_wave=True,
     ),
 }
 
@@ -132,6 +139,7 @@ HIP_THREADS = 256
 # tiles, each thread half the row layout's columns: one 8-wave workgroup per CU is 2 waves per SIMD. The row
 # layout then needs K a multiple of 64 (a thread's K / 32 columns are whole bf16 pairs).
 HIP_WIDE_THREADS = 512
+HIP_INTRA_WAVES = 1  # kda_intra.h INTRA_WAVES: the wave design's waves per workgroup
 HIP_WALK_WAVES = 8  # kda_walk.h WALK_WAVES
 HIP_WALK_STAGES = 2  # kda_walk.h WALK_STAGES
 # K: a multiple of 32 (kda_intra's row layout packs each thread's K / 16 columns in bf16 pairs, and gfx950's MFMA
@@ -145,11 +153,17 @@ def _r16(n: int) -> int:
     return -(-n // 16) * 16
 
 
-def hip_intra_lds(head_dim_k: int, head_dim_v: int, target: str) -> int:
-    """sizeof(kda::IntraSmem) (templates/hip/include/kda_intra.h) on `target`'s matrix layer: rows padded by 8
-    bf16, T's products padded to the layer's reduction (tests check it against the compiled size)."""
+def hip_intra_lds(head_dim_k: int, head_dim_v: int, target: str, wave: bool | None = None) -> int:
+    """sizeof(kda::IntraSmem) (templates/hip/include/kda_intra.h) on `target`'s matrix layer, in the target's design
+    or the one `wave` names: rows padded by 8 bf16, T's products padded to the layer's reduction (tests check it
+    against the compiled size)."""
     K, V, ir = head_dim_k, head_dim_v, 16
     ikp = max(ir, TARGETS[target].hip_mma_k)
+    if TARGETS[target].hip_intra_wave if wave is None else wave:
+        # IntraWaveSmem per wave: the q / k tiles (max(K, V) wide), g / KW and v (ikp rows), T and T diag(beta),
+        # A and TF (fp32), beta
+        tiles = 2 * _r16(ir * (max(K, V) + 8) * 2) + _r16(ikp * (K + 8) * 2) + _r16(ikp * (V + 8) * 2)
+        return HIP_INTRA_WAVES * _r16(tiles + 2 * _r16(ir * (ikp + 8) * 2) + 2 * _r16(ir * (ir + 4) * 4) + ir * 4)
     r1 = _r16(max(ir * K * 4, ikp * (V + 8) * 2))
     r2 = _r16(max(3 * ir * (K + 8) * 2, ir * (K + 8) * 2 + ir * (V + 8) * 2))
     kw, tb, aq = _r16(ikp * (K + 8) * 2), _r16(ir * (ikp + 8) * 2), _r16(ir * ir * 2)
@@ -192,10 +206,13 @@ def _lds_waves(lds: int, threads: int, target: Target) -> int:
     return min(groups * (threads // target.warp_size) // target.simds_per_cu, target.max_waves_per_simd)
 
 
-def hip_intra_threads(head_dim_k: int, head_dim_v: int, target: str) -> int:
-    """kda_intra_kernel's threads per workgroup on `target`: HIP_THREADS, or HIP_WIDE_THREADS on an AMD target
-    where HIP_THREADS misses the occupancy budget from LDS alone and the wide row layout takes K."""
+def hip_intra_threads(head_dim_k: int, head_dim_v: int, target: str, wave: bool | None = None) -> int:
+    """kda_intra_kernel's threads per workgroup on `target` in its design (or the one `wave` names): HIP_INTRA_WAVES
+    waves in the wave design; in the block design HIP_THREADS, or HIP_WIDE_THREADS on an AMD target where HIP_THREADS misses the occupancy budget from LDS
+    alone and the wide row layout takes K."""
     t = TARGETS[target]
+    if t.hip_intra_wave if wave is None else wave:
+        return HIP_INTRA_WAVES * t.warp_size
     if t.vendor != "amd" or head_dim_k % (2 * HIP_WIDE_THREADS // 16):
         return HIP_THREADS
     lds = hip_intra_lds(head_dim_k, head_dim_v, target)

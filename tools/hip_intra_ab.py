@@ -4,10 +4,11 @@
 Usage (repo root, CUDA machine with nvcc):
     git archive REV generated/kdagen_kernels/hip | tar -x -C /tmp/base      # the base, where git is
     PYTHONPATH=.:generated python3 tools/hip_intra_ab.py --base /tmp/base/generated/kdagen_kernels/hip \
-        [--build NAME="-DINTRA_ITEMS=4 -DINTRA_BLOCKS_PER_SM=3" ...] [--rounds 4] [H:T:N ...]
+        [--build NAME="-DKDA_INTRA_WAVE=0 -DINTRA_ITEMS=4 -DINTRA_BLOCKS_PER_SM=3" ...] [--rounds 4] [H:T:N ...]
 
 Builds the K = V = 128 sm_90 fused library from the base tree (`--base`, optional) and from the working tree's
-generated source once per `--build` (compile-time knobs as -D flags; default: one build without flags), runs
+generated source once per `--build` (compile-time knobs as -D flags, kda_intra.h: KDA_INTRA_WAVE picks the design;
+default: one build without flags), runs
 each on the bench's inputs into its own workspace, prints every build's workspace against the first's (relative
 L2 per tensor), then `do_bench` medians of the kernel alone over interleaved rounds (min / median of rounds).
 Its tables: docs/performance-model.md, "HIP kernel knobs".

@@ -169,7 +169,8 @@ def hip_context(v: VariantSpec, target: str, stamp: str) -> dict[str, Any]:
         "K": v.head_dim_k,
         "V": v.head_dim_v,
         "BT": v.chunk_size,
-        "THREADS": hip_intra_threads(v.head_dim_k, v.head_dim_v, target),
+        # the block design's workgroup, whichever design the target takes (a -D flag can pick the other)
+        "THREADS": hip_intra_threads(v.head_dim_k, v.head_dim_v, target, wave=False),
         # Rendered only where they differ from the headers' defaults (every other source keeps its bytes).
         "cuda_blocks": [(name, n) for name, n, default in zip(
             ("INTRA_BLOCKS_PER_SM", "WALK_BLOCKS_PER_SM"), hip_cuda_blocks(v.head_dim_k, v.head_dim_v),

@@ -226,7 +226,7 @@ def _nvcc_check(src: Path, layer: str, tmp_path: Path, capsys) -> None:
     # Dynamic shared memory on CUDA: the launcher sets the attribute to sizeof(the Smem struct).
     kernels = "".join(h.read_text() for h in sorted((HIP_DIR / "include").glob("*.h")))  # the kernels' headers
     structs = re.findall(r"struct (?:alignas\(\d+\) )?(\w+Smem) \{(.*?)\n\};", kernels, re.S)
-    assert {s for s, _ in structs} == {"IntraSmem", "WalkSmem"}
+    assert {s for s, _ in structs} == {"IntraSmem", "IntraWaveSmem", "WalkSmem"}
 
 
 def test_hip_limits_name_the_limit_and_the_margin():
@@ -238,8 +238,11 @@ def test_hip_limits_name_the_limit_and_the_margin():
     # (8 waves: 2 per SIMD) and nowhere else.
     assert hip_limits(256, 256, 64, "bf16", "gfx942") == hip_limits(256, 256, 64, "bf16", "gfx950") == []
     assert hip_intra_threads(256, 256, "gfx942") == HIP_WIDE_THREADS
-    assert {hip_intra_threads(256, 256, t) for t in ("gfx950", "sm_90")} == {256}
-    assert {hip_intra_threads(k, v, t) for k, v in ((128, 128), (64, 64), (128, 256), (96, 96)) for t in TARGETS} == {256}
+    assert {hip_intra_threads(256, 256, t, wave=False) for t in ("gfx950", "sm_90")} == {256}
+    assert {hip_intra_threads(k, v, t, wave=False) for k, v in ((128, 128), (64, 64), (128, 256), (96, 96))
+            for t in TARGETS} == {256}
+    # sm_90 takes the wave design: one warp per workgroup, whatever the head dims.
+    assert {hip_intra_threads(k, v, "sm_90") for k, v in ((128, 128), (256, 256), (96, 96))} == {32}
     # K = 224 cannot take the wide row layout (K / 32 columns per thread): the limit and the margin.
     (why,) = hip_limits(224, 128, 64, "bf16", "gfx942")
     assert why.startswith("kda_intra_kernel needs 47936 B of LDS on gfx942: 1 waves per SIMD") and "15168 B over" in why

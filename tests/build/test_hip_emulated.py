@@ -106,25 +106,31 @@ class Emu:
         return TORCH_DTYPES[self.dtype]
 
 
-def _compile(src: Path, layer: str, out_dir: Path) -> Path:
+def _compile(src: Path, layer: str, out_dir: Path, wave: bool | None = None) -> Path:
+    """The emulation library of `src` on `layer`; `wave` forces kda_intra_kernel's design (None: the target's)."""
     num, _ = LAYERS[layer]
-    so = out_dir / f"{src.stem}__{layer}.so"
+    design = [] if wave is None else [f"-DKDA_INTRA_WAVE={int(wave)}"]
+    so = out_dir / f"{src.stem}__{layer}{'' if wave is None else f'__wave{int(wave)}'}.so"
     r = subprocess.run([CXX, "-std=c++20", "-O2", "-pthread", "-shared", "-fPIC", f"-I{EMU}", f"-I{HIP / 'include'}",
-                        f"-DKDA_MMA_LAYER={num}", f'-DKDA_SOURCE="{src}"', "-o", str(so), str(EMU / "driver.cpp")],
+                        f"-DKDA_MMA_LAYER={num}", *design, f'-DKDA_SOURCE="{src}"', "-o", str(so),
+                        str(EMU / "driver.cpp")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return so
 
 
-def _load(src: Path, name: str, K: int, V: int, dtype: str, layer: str, out_dir: Path) -> Emu:
-    """Build `src` for `layer` and check that it is variant `name` for the layer's target."""
+def _load(src: Path, name: str, K: int, V: int, dtype: str, layer: str, out_dir: Path,
+          wave: bool | None = None) -> Emu:
+    """Build `src` for `layer` (kda_intra_kernel in the target's design, or the one `wave` names) and check that it
+    is variant `name` for the layer's target."""
     target = LAYERS[layer][1]
-    lib = EmuLib(_compile(src, layer, out_dir))
+    lib = EmuLib(_compile(src, layer, out_dir, wave))
     got = tuple(lib.query(q) for q in ("kda_variant", "kda_target", "kda_head_dim_k", "kda_head_dim_v",
                                        "kda_chunk_size"))
     assert got == (name, target, K, V, 64), f"{src.name} built as {got}"
     # The LDS model the spec's limits read (kdagen.targets) is the compiled struct's size.
-    assert lib.query("kda_intra_smem_bytes") == hip_intra_lds(K, V, target if layer != "fma" else "sm_90")
+    assert lib.query("kda_intra_smem_bytes") == hip_intra_lds(K, V, target if layer != "fma" else "sm_90",
+                                                              False if layer == "fma" else wave)
     if layer != "fma":
         assert lib.query("kda_walk_smem_bytes") == hip_walk_lds(K, V)
     return Emu(lib, K, V, dtype, layer)
@@ -142,6 +148,24 @@ def emu(request, tmp_path_factory) -> Emu:
     e, layer = request.param
     src = HIP / f"{e.name}__{LAYERS[layer][1]}.hip"
     return _load(src, e.name, e.head_dim_k, e.head_dim_v, e.dtype, layer, tmp_path_factory.mktemp("emu"))
+
+
+def _intra_cases():
+    """Every variant and layer with kda_intra_kernel in each design a matrix layer can take (the FMA fallback has
+    the block design only): a target ships one, the other stays an A/B build (tools/hip_intra_ab.py)."""
+    for e in HIP_VARIANTS:
+        for layer, (_, target) in LAYERS.items():
+            if target in e.targets:
+                for wave in (False,) if layer == "fma" else (False, True):
+                    yield pytest.param((e, layer, wave),
+                                       id=f"{e.name.split('__', 2)[2]}-{layer}-{'wave' if wave else 'block'}")
+
+
+@pytest.fixture(scope="module", params=list(_intra_cases()))
+def emu_intra(request, tmp_path_factory) -> Emu:
+    e, layer, wave = request.param
+    src = HIP / f"{e.name}__{LAYERS[layer][1]}.hip"
+    return _load(src, e.name, e.head_dim_k, e.head_dim_v, e.dtype, layer, tmp_path_factory.mktemp("emu"), wave)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -223,10 +247,11 @@ def _intra_errors(emu: Emu, x, lower_bound) -> dict[str, float]:
     return errs
 
 
-def test_intra_workspace_matches_reference(emu):
+def test_intra_workspace_matches_reference(emu_intra):
     """kda_intra_kernel (16-row walk chunks, shared-memory tiles) against the float64 workspace: a T = 1
     sequence, a T = 0 one, and lengths off the 16- and 64-row grids; every row of qg, kg, w, u and aqk is
     written (the NaN poison is gone), decay rows exactly where a walk chunk has rows."""
+    emu = emu_intra
     x = make([1, 0, 45, 83], 2, emu.K, emu.V, seed=7, dtype=emu.tdtype)
     errs = _intra_errors(emu, x, -5.0)
     print(f"[intra {emu.layer}] " + " ".join(f"{n}={e:.3e}" for n, e in errs.items()))
@@ -238,10 +263,11 @@ def test_intra_workspace_matches_reference(emu):
         assert torch.equal(st[n].nan_to_num(7.0), ws[n].nan_to_num(7.0)), n
 
 
-def test_gate_does_not_overflow(emu):
+def test_gate_does_not_overflow(emu_intra):
     """A_log 88, 100 and 1e4 beside ordinary heads: exp(A_log) is past fp32's range from 88.7 on, so an
     unclamped gate is NaN where a (z + bias) is inf * 0 (float64 finite: sigmoid(0)). Clamped at 80, every head
     matches the float64 workspace as ordinary ones do (the gate saturates either way)."""
+    emu = emu_intra
     x = make([45, 83], 5, emu.K, emu.V, seed=31, dtype=emu.tdtype)
     x["A_log"] = torch.tensor([0.3, 88.0, 100.0, 1e4, -0.5])
     # z + bias exactly 0 in 8 columns of heads 1 and 2 (float64's exp(A_log) is finite there): inf * 0 without
@@ -258,10 +284,11 @@ def test_gate_does_not_overflow(emu):
         within(f"kda_intra {n}, A_log up to 1e4", e, _key(emu.dtype, "intra_workspace"))
 
 
-def test_intra_inverse_on_correlated_keys(emu):
+def test_intra_inverse_on_correlated_keys(emu_intra):
     """Near-duplicate keys, beta near 0.95 and slow gates: Akk's entries near beta, so T = (I + A)^-1 has large
     entries in every block (its off-diagonal 8 x 8 block included) and w, u depend on all of them. On random keys
     they are small enough that a wrong block hides in bf16 rounding; here it cannot."""
+    emu = emu_intra
     K = emu.K
     x = make([45, 83], 2, K, emu.V, seed=9, dtype=emu.tdtype)
     g = torch.Generator().manual_seed(10)
@@ -411,6 +438,12 @@ def test_head_dims(K, V, dtype, layer, tmp_path):
     for n, e in errs.items():
         within(f"kda_intra {n}", e, _key(dtype, "intra_workspace"))
     _check_walk(emu, [0, 45, 83], 1, 41)
+    # kda_intra_kernel's other design at these head dims too.
+    wave = not TARGETS[LAYERS[layer][1]].hip_intra_wave
+    other = _load(src, name, K, V, dtype, layer, tmp_path, wave)
+    errs = _intra_errors(other, make([1, 45, 83], 2, K, V, seed=43, dtype=other.tdtype), -5.0)
+    for n, e in errs.items():
+        within(f"kda_intra {n} ({'wave' if wave else 'block'} design)", e, _key(dtype, "intra_workspace"))
 
 
 def test_a_plan_runs_the_emulated_library_layer_after_layer(tmp_path, monkeypatch, set_interpreting):

@@ -5,7 +5,7 @@
 // instantiation per (variant, target), hip/<variant>__<target>.hip from templates/hip/kda_chunk.hip.j2, defines
 // the compile-time constants they read and the kernels' argument structs, then includes them:
 //   kda::K, kda::V     head dims                  kda::BT       chunk size (of the chunk metadata)
-//   kda::THREADS       kda_intra's threads        kda::ABI      launcher ABI (kdagen/targets.py HIP_ABI)
+//   kda::THREADS       kda_intra's block design's threads      kda::ABI      launcher ABI (kdagen/targets.py HIP_ABI)
 //   kda::IntraArgs, kda::WalkArgs (rendered from kdagen/kernels/hip.py), kda_io_t (the I/O element type)
 //   KDA_MMA_LAYER_DEFAULT / KDA_TARGET_NAME / KDA_IO_FP16 (macros, before kda_port.h)
 //

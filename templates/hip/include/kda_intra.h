@@ -1,21 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
-// kda_intra.h: the chunk-parallel half on 16-row walk chunks, INTRA_ITEMS (walk chunk, head) items per workgroup
-// one after the other, its tiles in shared memory (copied verbatim; constants: kda_common.h).
+// kda_intra.h: the chunk-parallel half on 16-row walk chunks (copied verbatim; constants: kda_common.h). Two
+// designs of one kernel, kda_intra_kernel, with one argument struct; the instantiation picks one per target
+// (KDA_INTRA_WAVE, kdagen/targets.py Target.hip_intra_wave):
+//  the block design  one workgroup of THREADS threads per item, INTRA_ITEMS items one after the other, phases
+//                    separated by barriers (below, "Block design");
+//  the wave design   one wave per item, INTRA_WAVES independent waves per workgroup, INTRA_WAVE_ITEMS each, no
+//                    barrier: the element work runs in the matrix layer's A-fragment order (kda_mma.h "the A
+//                    layout as an elementwise layout"), so the Aqk / Akk operands never leave registers
+//                    ("Wave design"). It needs a matrix layer and about 21 KB of LDS per wave.
 //
 // The Triton kernel kda_intra at intra_rows 16 computes the same workspace (docs/design.md, "The chunk stages";
 // docs/performance-model.md, "Per-kernel times as last measured" and "HIP kernel knobs"). A walk chunk
 // is the ISPLIT-th part of a metadata chunk of BT rows. For the bounded gate and L2-normed q, k only (the plan's
 // rule): factors relative to row IREF span at most 8 rows of decay, within bf16's range, and |q|, |k| <= 1.
-//
-// Phases (one barrier after each): 1 the gate per element, row layout (ITPR threads per row, IEK columns
-// each, 16-byte loads); 2 its cumulative sum over the 16 rows, ISCAN lanes per column; 3 norms, beta and every
-// exp2 factor in the row layout: qg, kg and the decay row go out, the operand tiles into LDS; 4 Aqk on one
-// wave (aqk out), Akk and then (I + A)^-1 (blocked forward substitution) on another, beta v into LDS on the rest;
-// 5 w = T (beta k exp2(G)) and u = T (beta v) on the matrix layer, staged in LDS; 6 w and u out in 16-byte
-// runs.
 #pragma once
 
 #include "kda_common.h"
+
+#if !defined(KDA_INTRA_WAVE)
+#define KDA_INTRA_WAVE 0
+#endif
+// The wave design on a matrix layer only: -DKDA_MMA_LAYER=0 (the FMA fallback) takes the block design.
+#if KDA_INTRA_WAVE && KDA_MMA_LAYER != KDA_LAYER_FMA
+#define KDA_INTRA_WAVE_ON 1
+#else
+#define KDA_INTRA_WAVE_ON 0
+#endif
 
 namespace kda {
 
@@ -23,36 +33,12 @@ constexpr int IR = 16;                  // rows of a walk chunk: one matrix-laye
 constexpr int ISPLIT = BT / IR;         // walk chunks per metadata chunk
 constexpr int IREF = IR / 2 - 1;        // reference row of the Aqk / Akk factors
 constexpr int IH = IR / 2;              // rows of the inverse's diagonal blocks
-constexpr int ITPR = THREADS / IR;      // threads per row in the row layout
-constexpr int IEK = K / ITPR;           // K columns per thread in the row layout
-constexpr int IEV = V / ITPR;           // V columns per thread
-constexpr int IWAVES = THREADS / KDA_WARP;
-// CUDA: resident blocks per SM the register allocation must leave room for (80 registers at 256 threads: the item
-// loop spills at four blocks' 64; docs/performance-model.md, "HIP kernel knobs").
-#ifndef INTRA_BLOCKS_PER_SM
-#define INTRA_BLOCKS_PER_SM 3
-#endif
-// (walk chunk, head) items per workgroup, one after the other: each item's q, k and g are loaded while the
-// previous item's products run, so only the first waits for global memory. The target's Target.hip_intra_items
-// (rendered by the instantiation).
+// (walk chunk, head) items per workgroup of the block design, one after the other: the target's
+// Target.hip_intra_items (rendered by the instantiation).
 #ifndef INTRA_ITEMS
 #define INTRA_ITEMS 4
 #endif
-constexpr int IITEMS = INTRA_ITEMS;
-// K a multiple of 32: a thread's K columns are whole bf16 pairs (q, k and g stay packed in 32-bit words) and
-// gfx950's MFMA reduces Aqk / Akk over 32 columns at a time. V a multiple of 16 (the u tiles).
-static_assert(BT % IR == 0 && THREADS % IR == 0 && K % (2 * ITPR) == 0 && V % ITPR == 0, "row layout");
-static_assert(K % 32 == 0 && IEK <= 16 && IEV <= 16, "row layout: K a multiple of 32, K, V <= 256");
-static_assert(KDA_WARP % ITPR == 0, "a row's threads share one wave (the norms' shuffles)");
-constexpr int kda_pow2_floor(int x) { return x >= 2 ? 2 * kda_pow2_floor(x / 2) : 1; }
-// Threads per column in the cumulative sum (adjacent lanes), a power of two: every column in one pass
-// (THREADS / ISCAN >= K), the lanes past K idle.
-constexpr int ISCAN = kda_pow2_floor(THREADS / K) < IR ? kda_pow2_floor(THREADS / K) : IR;
-static_assert(THREADS / ISCAN >= K && IR % ISCAN == 0 && KDA_WARP % ISCAN == 0, "scan layout");
-static_assert(IWAVES >= 3, "Aqk and Akk run on two waves while the others load v");
-static_assert(V % 8 == 0, "v moves in runs of 8");
-static_assert(IR * IR <= THREADS, "FMA fallback: one thread per Aqk / Akk entry");
-
+static_assert(K % 32 == 0 && V % 16 == 0 && K <= 256 && V <= 256, "K a multiple of 32, V of 16, both <= 256");
 #if KDA_MMA_LAYER == KDA_LAYER_FMA
 constexpr int IKP = IR;
 #else
@@ -65,29 +51,6 @@ constexpr int IKP = IR > KDA_MMA_K ? IR : KDA_MMA_K;
 constexpr int ILK = K + 8, ILV = V + 8, ILT = IKP + 8;
 constexpr int ILA = IR + 4;  // fp32 rows of A: 16-byte aligned for the substitution's row reads
 
-// IntraArgs: rendered by the instantiation from kdagen/kernels/hip.py.
-
-// Buffers alias by phase: r1 holds the gate (1-3), then beta v (4-5); r2 the Aqk / Akk operands (3-4), then
-// the w / u rows on their way out (5-6).
-struct alignas(16) IntraSmem {
-  union alignas(16) {
-    float G[IR][K];
-    kda_bf16 VB[IKP][ILV];
-  } r1;
-  union alignas(16) {
-    struct { kda_bf16 QU[IR][ILK], KU[IR][ILK], KD[IR][ILK]; } op;
-    struct { kda_bf16 W[IR][ILK], U[IR][ILV]; } out;
-  } r2;
-  alignas(16) kda_bf16 KW[IKP][ILK];
-  alignas(16) kda_bf16 TB[IR][ILT];
-  alignas(16) kda_bf16 AQ[IR][IR];
-  alignas(16) float A[IR][ILA];
-  alignas(16) float TF[IR][ILA];  // T in fp32 while it is formed
-  float beta[IR];
-};
-
-// Row-layout accesses are whole runs of a thread's IEK or IEV consecutive elements, up to 16 bytes (8- or
-// 16-byte runs where K / 16 is a multiple of 4: a quarter wave then touches one contiguous 128-byte span of LDS).
 template <int N>
 constexpr int IRUN = N % 8 == 0 ? 8 : N % 4 == 0 ? 4 : N % 2 == 0 ? 2 : 1;  // elements per access
 template <int N>
@@ -155,18 +118,15 @@ __device__ __forceinline__ void intra_st_f(float* p, const float* x) {
 __host__ __device__ __forceinline__ bool intra_aligned(const void* p, int64_t s1, int64_t s2, int run) {
   return ((uintptr_t)p % 16 == 0) && (s1 % run == 0) && (s2 % run == 0);
 }
-// Which projections are read in whole runs (loop-invariant: computed once on the host, not per item).
-inline int intra_vec(const IntraArgs& a) {
-  return intra_aligned(a.g, a.sg_t, a.sg_h, IRUN<IEK>) | intra_aligned(a.q, a.sq_t, a.sq_h, IRUN<IEK>) << 1 |
-         intra_aligned(a.k, a.sk_t, a.sk_h, IRUN<IEK>) << 2 | intra_aligned(a.v, a.sv_t, a.sv_h, 8) << 3;
-}
 
 // T = (I + A)^-1 in fp32, A strictly lower, exact: the two IH-row diagonal blocks by forward substitution at once
 // (lane j < IR solves column j % IH of block j / IH: N = T - I, N[i][j] = -A[i][j] - sum_m A[i][m] N[m][j]), then
 // the off-diagonal block T21 = -T22 (A21 T11); half the dependent steps of one 16-row substitution. Lanes < 32 of
 // the calling wave work, in TF (fp32; T12 = 0 is never stored, its place holds A21 T11 meanwhile); the wave
-// syncs between the steps, so every lane of it must call. Ends with TB = bf16(T), padding columns zero.
-__device__ __forceinline__ void intra_inverse(IntraSmem& s, int lane) {
+// syncs between the steps, so every lane of it must call. Ends with TB = bf16(T), with kBetaCols also
+// TBb = bf16(T diag(s.beta)), padding columns zero. S: either design's LDS (A, TF, TB, beta, TBb).
+template <bool kBetaCols, class S>
+__device__ __forceinline__ void intra_inverse(S& s, int lane) {
   if (lane < IR) {
     const int o = (lane / IH) * IH, j = lane % IH;
     float n[IH];
@@ -219,15 +179,394 @@ __device__ __forceinline__ void intra_inverse(IntraSmem& s, int lane) {
       for (int e = 0; e < 8; ++e) t[e] = 0.f;
     }
     intra_store<8>(&s.TB[i][c], t);
+    if constexpr (kBetaCols) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) t[e] *= s.beta[c + e];
+      intra_store<8>(&s.TBb[i][c], t);
+    }
 #pragma unroll
     for (int z = IR + c; z < IKP; z += 16) {  // the padding columns the products read (IKP > IR)
 #pragma unroll
       for (int e = 0; e < 8; ++e) t[e] = 0.f;
       intra_store<8>(&s.TB[i][z], t);
+      if constexpr (kBetaCols) intra_store<8>(&s.TBb[i][z], t);
     }
   }
 }
 
+#if KDA_INTRA_WAVE_ON
+// ============================================================================================== Wave design
+// One wave per item, INTRA_WAVES waves per workgroup that never wait for each other: an SM keeps about ten items in
+// flight (LDS-bound) where the block design keeps three, and the only syncs are the wave's own. Per item:
+//  1 q, k, g and v rows into the wave's LDS tiles (16-byte copies, cp.async on CUDA; rows past the end zero);
+//  2 the row norms of q and k, in A-fragment order;
+//  3 per KDA_MMA_K columns: the gate, its cumulative sum over the rows (kda_a_scan_rows), every exp2 factor, then
+//    Aqk += QU KD^T and Akk += KU KD^T straight from registers; qg, kg and KW = beta k exp2(G) / |k| go back into
+//    the tiles the inputs came from, the decay row out;
+//  4 aqk out, A = diag(beta) Akk (strict) into LDS, T = (I + A)^-1 as TB = bf16(T) and TBb = bf16(T diag(beta));
+//  5 qg and kg out; 6 w = TB KW and u = TBb v on the matrix layer into the q and k tiles; 7 w and u out.
+// For u, beta rides on T's columns (the peer's T diag(beta) factor) rather than on v: 256 products instead of 16 V,
+// and v feeds the matrix layer as loaded, at the same error (v is exact in bf16). For w it stays on k: there T's
+// unit diagonal is exact in bf16 and beta k exp2(G) is rounded once, half the error of rounding beta into T.
+#ifndef INTRA_WAVES
+#define INTRA_WAVES 1
+#endif
+// Items per wave, one after the other (1: measured fastest on the H200, docs/performance-model.md).
+#ifndef INTRA_WAVE_ITEMS
+#define INTRA_WAVE_ITEMS 1
+#endif
+constexpr int IITEMS = INTRA_WAVE_ITEMS;
+constexpr int IWAVES = INTRA_WAVES;
+constexpr int ITHREADS = IWAVES * KDA_WARP;
+constexpr int IBLOCK_ITEMS = IWAVES * IITEMS;  // items per workgroup
+constexpr int IE = KDA_A_ELEMS;                // elements per lane of one 16 x KDA_MMA_K tile
+// Column blocks per step of the element work (INTRA_KB_BLOCKS where it divides K / KDA_MMA_K).
+#ifndef INTRA_KB_BLOCKS
+#define INTRA_KB_BLOCKS 1  // (2 and 4 measured no faster on the H200: docs/performance-model.md)
+#endif
+constexpr int IKB = (K / KDA_MMA_K) % INTRA_KB_BLOCKS == 0 ? INTRA_KB_BLOCKS : 1;
+constexpr int ILX = (K > V ? K : V) + 8;       // the q / k tiles hold qg / kg, then w / u
+static_assert(K % KDA_MMA_K == 0 && IR == 16, "whole A tiles of 16 rows");
+
+struct alignas(16) IntraWaveSmem {
+  alignas(16) kda_bf16 Q[IR][ILX];   // q, then qg, then w
+  alignas(16) kda_bf16 Kt[IR][ILX];  // k, then kg, then u
+  alignas(16) kda_bf16 G[IKP][ILK];  // g, then KW (the B operand of w; rows past IR zero)
+  alignas(16) kda_bf16 Vt[IKP][ILV]; // v as bf16 (the B operand of u; rows past IR zero)
+  alignas(16) kda_bf16 TB[IR][ILT];   // T
+  alignas(16) kda_bf16 TBb[IR][ILT];  // T diag(beta)
+  alignas(16) float A[IR][ILA];
+  alignas(16) float TF[IR][ILA];
+  float beta[IR];
+};
+struct alignas(16) IntraSmem {
+  IntraWaveSmem w[IWAVES];
+};
+// CUDA: resident workgroups per SM as the LDS allows (227 KB, 1 KB reserved per workgroup), at most 16; the launch
+// bound leaves each thread the registers of that many.
+#ifndef INTRA_WAVE_BLOCKS_PER_SM
+#define INTRA_WAVE_BLOCKS_PER_SM \
+  ((int)(232448 / (sizeof(kda::IntraSmem) + 1024)) < 16 ? (int)(232448 / (sizeof(kda::IntraSmem) + 1024)) : 16)
+#endif
+
+// Every projection moves in 16-byte runs, or element by element where its strides or base do not allow them.
+inline int intra_vec(const IntraArgs& a) {
+  return intra_aligned(a.g, a.sg_t, a.sg_h, 8) | intra_aligned(a.q, a.sq_t, a.sq_h, 8) << 1 |
+         intra_aligned(a.k, a.sk_t, a.sk_h, 8) << 2 | intra_aligned(a.v, a.sv_t, a.sv_h, 8) << 3;
+}
+
+// A lane's share of a 16-row tile of N columns in 16-byte runs: where the runs of a row divide the wave, a fixed run
+// column and every (KDA_WARP / runs)-th row, so each step is one pointer increment (the addressing was a fifth of
+// the wave design's instructions); otherwise run by run.
+template <int N>
+constexpr bool IRUNS_SPLIT_WAVE = KDA_WARP % (N / 8) == 0;
+// Rows t0 .. t0 + 15 of one head's N columns into an LDS tile (row stride LD), rows >= L zero.
+template <int N, int LD>
+__device__ __forceinline__ void intra_wave_in(kda_bf16* dst, const kda_io* src, int64_t s_t, int64_t t0, int L,
+                                              bool vec, int lane) {
+  constexpr int CPR = N / 8;
+  if (vec && IRUNS_SPLIT_WAVE<N>) {
+    constexpr int RP = KDA_WARP / CPR;  // rows per pass
+    const int col = (lane % CPR) * 8, r0 = lane / CPR;
+    const kda_io* g = src + t0 * s_t + col;
+#pragma unroll
+    for (int row = r0; row < IR; row += RP)
+      kda_copy16(dst + row * LD + col, g + (row < L ? row : 0) * s_t, row < L);
+  } else if (vec) {
+    for (int c = lane; c < IR * CPR; c += KDA_WARP) {
+      const int row = c / CPR, col = (c % CPR) * 8;
+      kda_copy16(dst + row * LD + col, src + (t0 + (row < L ? row : 0)) * s_t + col, row < L);
+    }
+  } else {
+    for (int e = lane; e < IR * N; e += KDA_WARP) {
+      const int row = e / N, col = e % N;
+      dst[row * LD + col] = row < L ? src[(t0 + row) * s_t + col] : (kda_io)0;
+    }
+  }
+}
+// Rows < L of an LDS tile out to a workspace tensor of N columns per (token, head), 16 bytes per access.
+template <int N, int LD>
+__device__ __forceinline__ void intra_wave_out(kda_bf16* dst, const kda_bf16* src, int64_t t0, int L, int H, int h,
+                                               int lane) {
+  constexpr int CPR = N / 8;
+  if constexpr (IRUNS_SPLIT_WAVE<N>) {
+    constexpr int RP = KDA_WARP / CPR;
+    const int col = (lane % CPR) * 8, r0 = lane / CPR;
+    kda_bf16* g = dst + (t0 * H + h) * N + col;
+    const int64_t step = (int64_t)H * N;
+#pragma unroll
+    for (int row = r0; row < IR; row += RP)
+      if (row < L) intra_copy<8>(g + row * step, src + row * LD + col);
+  } else {
+    for (int c = lane; c < L * CPR; c += KDA_WARP) {
+      const int row = c / CPR, col = (c % CPR) * 8;
+      intra_copy<8>(dst + ((t0 + row) * H + h) * N + col, src + row * LD + col);
+    }
+  }
+}
+// This lane's elements of an A-fragment-ordered tile (fp32) into LDS as bf16, pairs of columns per 32-bit store.
+template <int LD>
+__device__ __forceinline__ void intra_wave_put(kda_bf16* tile, const float (&x)[IE]) {
+#pragma unroll
+  for (int i = 0; i < IE; i += 2)
+    *reinterpret_cast<uint32_t*>(tile + kda_a_row(i) * LD + kda_a_col(i)) = kda_f32x2_to_bf16x2(x[i], x[i + 1]);
+}
+__device__ __forceinline__ float intra_io(kda_bf16 x) { return kda_io_to_f32((kda_io)x); }  // an I/O element
+
+// dst[:, :N] = T B for a 16 x IKP factor T (row stride ILT) and an IKP x N tile B (row stride LB), 16 columns
+// at a time on the matrix layer; dst has the q / k tiles' row stride.
+template <int N, int LB>
+__device__ __forceinline__ void intra_wave_product(kda_bf16* dst, const kda_bf16* T, const kda_bf16* B) {
+  kda_frag_a t[IKP / KDA_MMA_K];
+#pragma unroll
+  for (int kk = 0; kk < IKP; kk += KDA_MMA_K) kda_load_a_lds<ILT>(t[kk / KDA_MMA_K], T + kk);
+#pragma unroll 2
+  for (int n0 = 0; n0 < N; n0 += 16) {
+    kda_frag_c c;
+    kda_frag_zero(c);
+#pragma unroll
+    for (int kk = 0; kk < IKP; kk += KDA_MMA_K) {
+      kda_frag_b b;
+      kda_load_b_lds<LB, 1>(b, B + kk * LB + n0);  // B[k][n] = B[kk + k][n0 + n]
+      kda_mma16(c, t[kk / KDA_MMA_K], b);
+    }
+#if KDA_C_PAIRED
+#pragma unroll
+    for (int e = 0; e < KDA_C_ELEMS; e += 2)
+      *reinterpret_cast<uint32_t*>(dst + kda_c_row(e) * ILX + n0 + kda_c_col(e)) = kda_f32x2_to_bf16x2(c.x[e], c.x[e + 1]);
+#else
+#pragma unroll
+    for (int e = 0; e < KDA_C_ELEMS; ++e) dst[kda_c_row(e) * ILX + n0 + kda_c_col(e)] = kda_f32_to_bf16(c.x[e]);
+#endif
+  }
+}
+
+__global__ KDA_LAUNCH_BOUNDS_SM(ITHREADS, INTRA_WAVE_BLOCKS_PER_SM) void kda_intra_kernel(IntraArgs p) {
+  KDA_SMEM(IntraSmem, sm);
+  const int wave = (int)threadIdx.x / KDA_WARP, lane = (int)threadIdx.x % KDA_WARP;
+  IntraWaveSmem& s = sm.w[wave];
+  if (IKP > IR) {  // the zero rows of the w / u products' B tiles (items write rows < IR only)
+    for (int i = lane; i < (IKP - IR) * ILK; i += KDA_WARP) s.G[IR + i / ILK][i % ILK] = 0;
+    for (int i = lane; i < (IKP - IR) * ILV; i += KDA_WARP) s.Vt[IR + i / ILV][i % ILV] = 0;
+  }
+  const int first = ((int)blockIdx.x * IWAVES + wave) * IITEMS;
+  const int end = first + IITEMS < p.n_items ? first + IITEMS : p.n_items;
+  for (int n = first; n < end; ++n) {  // (wave-uniform)
+    const int h = n % p.H, i_s = n / p.H;
+    const int ic = i_s / ISPLIT, part = i_s % ISPLIT;
+    const int64_t i_n = p.chunk_indices[2 * ic], i_t = p.chunk_indices[2 * ic + 1];
+    const int64_t eos = p.cu_seqlens[i_n + 1];
+    const int64_t t0 = p.cu_seqlens[i_n] + i_t * BT + part * IR;
+    const int L = eos - t0 < IR ? (int)(eos - t0) : IR;
+    if (L <= 0) continue;  // a walk chunk past its sequence's end: nothing to write
+
+    // ---- 1: the item's rows in; beta ---------------------------------------------------------------------
+    kda_wave_sync();  // the previous item's reads of the tiles are done
+    intra_wave_in<K, ILX>(&s.Q[0][0], p.q + h * p.sq_h, p.sq_t, t0, L, p.vec & 2, lane);
+    intra_wave_in<K, ILX>(&s.Kt[0][0], p.k + h * p.sk_h, p.sk_t, t0, L, p.vec & 4, lane);
+    intra_wave_in<K, ILK>(&s.G[0][0], p.g + h * p.sg_h, p.sg_t, t0, L, p.vec & 1, lane);
+    kda_copy_commit();
+    intra_wave_in<V, ILV>(&s.Vt[0][0], p.v + h * p.sv_h, p.sv_t, t0, L, p.vec & 8, lane);
+    kda_copy_commit();
+    if (lane < IR)
+      s.beta[lane] = lane < L ? kda_sigmoid(kda_io_to_f32(p.beta[(t0 + lane) * p.sb_t + h * p.sb_h])) : 0.f;
+    const float a_log = p.A_log[h];
+    const float cexp = -kda_exp(a_log > A_LOG_MAX ? A_LOG_MAX : a_log) * RCP_LN2;  // (kda_intra.h block design)
+    const float lbv = p.lower_bound * RCP_LN2;
+    kda_copy_wait<1>();  // q, k and g landed (v may still be in flight)
+    kda_wave_sync();
+
+    // ---- 2: row norms -------------------------------------------------------------------------------------
+    float rq[IE], rk[IE];
+    {
+      float sq[IE], sk[IE];
+#pragma unroll
+      for (int i = 0; i < IE; ++i) sq[i] = sk[i] = 0.f;
+#pragma unroll
+      for (int kb = 0; kb < K; kb += KDA_MMA_K) {
+        kda_frag_a qa, ka;
+        kda_load_a_lds<ILX>(qa, &s.Q[0][0] + kb);
+        kda_load_a_lds<ILX>(ka, &s.Kt[0][0] + kb);
+#pragma unroll
+        for (int i = 0; i < IE; ++i) {
+          const float qe = intra_io(qa.x[i]), ke = intra_io(ka.x[i]);
+          sq[i] += qe * qe;
+          sk[i] += ke * ke;
+        }
+      }
+      kda_a_row_total(sq, sq);
+      kda_a_row_total(sk, sk);
+#pragma unroll
+      for (int i = 0; i < IE; ++i) {
+        rq[i] = kda_rsqrt(sq[i] + 1e-6f);
+        rk[i] = kda_rsqrt(sk[i] + 1e-6f);
+      }
+    }
+
+    // ---- 3: per column block: gate, cumulative sum, factors, Aqk and Akk ------------------------------------
+    kda_frag_c cq, ck;
+    kda_frag_zero(cq);
+    kda_frag_zero(ck);
+#pragma unroll 1
+    for (int kb0 = 0; kb0 < K; kb0 += IKB * KDA_MMA_K) {
+      // IKB column blocks at once: their chains are independent, so one wave overlaps them (its only ILP: a
+      // scheduler holds two or three of these waves).
+      kda_frag_a qa[IKB], ka[IKB], ga[IKB];
+#pragma unroll
+      for (int b = 0; b < IKB; ++b) {
+        kda_load_a_lds<ILX>(qa[b], &s.Q[0][0] + kb0 + b * KDA_MMA_K);
+        kda_load_a_lds<ILX>(ka[b], &s.Kt[0][0] + kb0 + b * KDA_MMA_K);
+        kda_load_a_lds<ILK>(ga[b], &s.G[0][0] + kb0 + b * KDA_MMA_K);
+      }
+      float qg[IKB][IE], kg[IKB][IE], kw[IKB][IE];
+#pragma unroll
+      for (int b = 0; b < IKB; ++b) {
+        const int kb = kb0 + b * KDA_MMA_K;
+        float G[IE], Gr[IE], Gl[IE];
+        float bias[IE];  // elements 2j, 2j + 1 are adjacent columns: 8-byte reads (torch's allocation is aligned)
+#pragma unroll
+        for (int i = 0; i < IE; i += 2) {
+          bias[i] = bias[i + 1] = 0.f;
+          if (p.g_bias) intra_ld_f<2>(&bias[i], p.g_bias + h * K + kb + kda_a_col(i));
+        }
+#pragma unroll
+        for (int i = 0; i < IE; ++i) {
+          // lower_bound * sigmoid(a (z + bias)) / ln 2 (the block design's form); rows past the end gate 0
+          const float lb = kda_a_row(i) < L ? lbv : 0.f;
+          G[i] = kda_fast_div(lb, 1.f + kda_exp2((intra_io(ga[b].x[i]) + bias[i]) * cexp));
+        }
+        kda_a_scan_rows(G);
+        kda_a_at_row<IREF>(G, Gr);
+        kda_a_at_row<IR - 1>(G, Gl);
+        kda_frag_a qu, ku, kd;
+#pragma unroll
+        for (int i = 0; i < IE; ++i) {
+          const float qn = intra_io(qa[b].x[i]) * rq[i], kn = intra_io(ka[b].x[i]) * rk[i];
+          const float e = kda_exp2(G[i]), er = kda_exp2(G[i] - Gr[i]);
+          qg[b][i] = qn * e;
+          kw[b][i] = kn * (e * s.beta[kda_a_row(i)]);
+          kg[b][i] = kn * kda_exp2(Gl[i] - G[i]);
+          qu.x[i] = kda_f32_to_bf16(qn * er);
+          ku.x[i] = kda_f32_to_bf16(kn * er);
+          kd.x[i] = kda_f32_to_bf16(kn * kda_exp2(Gr[i] - G[i]));
+        }
+#pragma unroll
+        for (int i = 0; i < IE; ++i)
+          if (kda_a_row(i) == 0) p.decay[((int64_t)i_s * p.H + h) * K + kb + kda_a_col(i)] = kda_exp2(Gl[i]);
+        kda_frag_b kdt;
+        kda_a_as_bt(kd, kdt);
+        kda_mma16(cq, qu, kdt);
+        kda_mma16(ck, ku, kdt);
+      }
+      kda_wave_sync();  // every lane's fragment reads of these blocks are done before they are overwritten
+#pragma unroll
+      for (int b = 0; b < IKB; ++b) {
+        const int kb = kb0 + b * KDA_MMA_K;
+        intra_wave_put<ILX>(&s.Q[0][0] + kb, qg[b]);
+        intra_wave_put<ILX>(&s.Kt[0][0] + kb, kg[b]);
+        intra_wave_put<ILK>(&s.G[0][0] + kb, kw[b]);
+      }
+    }
+
+    // ---- 4: aqk out; T = (I + diag(beta) Akk)^-1 as TB and TBb ---------------------------------------------
+    kda_wave_sync();
+#pragma unroll
+    for (int e = 0; e < KDA_C_ELEMS; ++e) {
+      const int i = kda_c_row(e), j = kda_c_col(e);
+      // Entries above the diagonal may overflow; a select discards them, nothing multiplies them.
+      if (i < L) p.aqk[((t0 + i) * p.H + h) * IR + j] = kda_f32_to_bf16(i >= j ? cq.x[e] * p.scale : 0.f);
+      s.A[i][j] = i > j ? ck.x[e] * s.beta[i] : 0.f;
+    }
+    kda_wave_sync();
+    intra_inverse<true>(s, lane);
+
+    // ---- 5: qg, kg out ---------------------------------------------------------------------------------------
+    intra_wave_out<K, ILX>(p.qg, &s.Q[0][0], t0, L, p.H, h, lane);
+    intra_wave_out<K, ILX>(p.kg, &s.Kt[0][0], t0, L, p.H, h, lane);
+    kda_copy_wait<0>();  // v landed
+    kda_wave_sync();
+#if KDA_IO_FP16
+    for (int e = lane; e < IR * V; e += KDA_WARP) {  // the matrix layer takes bf16: v converted in place
+      kda_bf16& x = s.Vt[e / V][e % V];
+      x = kda_f32_to_bf16(kda_f16_to_f32(x));
+    }
+    kda_wave_sync();
+#endif
+
+    // ---- 6: w = TB KW, u = TBb v, 16 columns per tile ----------------------------------------------------------
+    intra_wave_product<K, ILK>(&s.Q[0][0], &s.TB[0][0], &s.G[0][0]);
+    intra_wave_product<V, ILV>(&s.Kt[0][0], &s.TBb[0][0], &s.Vt[0][0]);
+    kda_wave_sync();
+
+    // ---- 7: w and u out ----------------------------------------------------------------------------------------
+    intra_wave_out<K, ILX>(p.w, &s.Q[0][0], t0, L, p.H, h, lane);
+    intra_wave_out<V, ILX>(p.u, &s.Kt[0][0], t0, L, p.H, h, lane);
+  }  // items
+}
+
+#else
+
+// ============================================================================================= Block design
+// Phases (one barrier after each): 1 the gate per element, row layout (ITPR threads per row, IEK columns
+// each, 16-byte loads); 2 its cumulative sum over the 16 rows, ISCAN lanes per column; 3 norms, beta and every
+// exp2 factor in the row layout: qg, kg and the decay row go out, the operand tiles into LDS; 4 Aqk on one
+// wave (aqk out), Akk and then (I + A)^-1 (blocked forward substitution) on another, beta v into LDS on the rest;
+// 5 w = T (beta k exp2(G)) and u = T (beta v) on the matrix layer, staged in LDS; 6 w and u out in 16-byte
+// runs. Each item's q, k and g are loaded while the previous item's products run, so only the first waits for
+// global memory.
+constexpr int ITPR = THREADS / IR;      // threads per row in the row layout
+constexpr int IEK = K / ITPR;           // K columns per thread in the row layout
+constexpr int IEV = V / ITPR;           // V columns per thread
+constexpr int IWAVES = THREADS / KDA_WARP;
+// CUDA: resident blocks per SM the register allocation must leave room for (80 registers at 256 threads: the item
+// loop spills at four blocks' 64; docs/performance-model.md, "HIP kernel knobs").
+#ifndef INTRA_BLOCKS_PER_SM
+#define INTRA_BLOCKS_PER_SM 3
+#endif
+// K a multiple of 32: a thread's K columns are whole bf16 pairs (q, k and g stay packed in 32-bit words) and
+// gfx950's MFMA reduces Aqk / Akk over 32 columns at a time. V a multiple of 16 (the u tiles).
+static_assert(BT % IR == 0 && THREADS % IR == 0 && K % (2 * ITPR) == 0 && V % ITPR == 0, "row layout");
+static_assert(K % 32 == 0 && IEK <= 16 && IEV <= 16, "row layout: K a multiple of 32, K, V <= 256");
+static_assert(KDA_WARP % ITPR == 0, "a row's threads share one wave (the norms' shuffles)");
+constexpr int kda_pow2_floor(int x) { return x >= 2 ? 2 * kda_pow2_floor(x / 2) : 1; }
+// Threads per column in the cumulative sum (adjacent lanes), a power of two: every column in one pass
+// (THREADS / ISCAN >= K), the lanes past K idle.
+constexpr int ISCAN = kda_pow2_floor(THREADS / K) < IR ? kda_pow2_floor(THREADS / K) : IR;
+static_assert(THREADS / ISCAN >= K && IR % ISCAN == 0 && KDA_WARP % ISCAN == 0, "scan layout");
+static_assert(IWAVES >= 3, "Aqk and Akk run on two waves while the others load v");
+static_assert(V % 8 == 0, "v moves in runs of 8");
+static_assert(IR * IR <= THREADS, "FMA fallback: one thread per Aqk / Akk entry");
+constexpr int IITEMS = INTRA_ITEMS;
+constexpr int ITHREADS = THREADS;
+constexpr int IBLOCK_ITEMS = IITEMS;  // items per workgroup
+
+// IntraArgs: rendered by the instantiation from kdagen/kernels/hip.py.
+
+// Buffers alias by phase: r1 holds the gate (1-3), then beta v (4-5); r2 the Aqk / Akk operands (3-4), then
+// the w / u rows on their way out (5-6).
+struct alignas(16) IntraSmem {
+  union alignas(16) {
+    float G[IR][K];
+    kda_bf16 VB[IKP][ILV];
+  } r1;
+  union alignas(16) {
+    struct { kda_bf16 QU[IR][ILK], KU[IR][ILK], KD[IR][ILK]; } op;
+    struct { kda_bf16 W[IR][ILK], U[IR][ILV]; } out;
+  } r2;
+  alignas(16) kda_bf16 KW[IKP][ILK];
+  alignas(16) kda_bf16 TB[IR][ILT];
+  alignas(16) kda_bf16 AQ[IR][IR];
+  alignas(16) float A[IR][ILA];
+  alignas(16) float TF[IR][ILA];  // T in fp32 while it is formed
+  float beta[IR];
+};
+
+// Row-layout accesses are whole runs of a thread's IEK or IEV consecutive elements, up to 16 bytes (8- or
+// Which projections are read in whole runs (loop-invariant: computed once on the host, not per item).
+inline int intra_vec(const IntraArgs& a) {
+  return intra_aligned(a.g, a.sg_t, a.sg_h, IRUN<IEK>) | intra_aligned(a.q, a.sq_t, a.sq_h, IRUN<IEK>) << 1 |
+         intra_aligned(a.k, a.sk_t, a.sk_h, IRUN<IEK>) << 2 | intra_aligned(a.v, a.sv_t, a.sv_h, 8) << 3;
+}
 // aqk rows (< L) to global memory, 16 bytes per thread: threads `lane` < 2 IR.
 __device__ __forceinline__ void intra_aqk_out(const IntraSmem& s, const IntraArgs& p, int64_t t0, int L, int h,
                                               int lane) {
@@ -440,7 +779,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
         }
         kda_wave_sync();
         if (wave == 0) intra_aqk_out(s, p, t0, L, h, lane);
-        else intra_inverse(s, lane);
+        else intra_inverse<false>(s, lane);
       } else {
         intra_beta_v(s, p, t0, L, h, tid - 2 * KDA_WARP, THREADS - 2 * KDA_WARP);
       }
@@ -462,7 +801,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
     }
     __syncthreads();
     intra_aqk_out(s, p, t0, L, h, tid);
-    intra_inverse(s, tid);  // (its wave syncs: each wave of the block calls them)
+    intra_inverse<false>(s, tid);  // (its wave syncs: each wave of the block calls them)
 #endif
     __syncthreads();
 
@@ -517,5 +856,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(THREADS, INTRA_BLOCKS_PER_SM) void kda_intra_ker
     }
   }  // items
 }
+
+#endif  // KDA_INTRA_WAVE_ON
 
 }  // namespace kda

@@ -36,18 +36,18 @@ constexpr size_t kda_dyn_smem(size_t bytes) { return KDA_DYNAMIC_SMEM ? bytes : 
 
 namespace kda {
 
-// IITEMS (16-row walk chunk, head) items per block: num_chunks metadata chunks of BT rows, ISPLIT walk chunks
-// each, times H.
+// IBLOCK_ITEMS (16-row walk chunk, head) items per workgroup of ITHREADS (kda_intra.h, either design): num_chunks
+// metadata chunks of BT rows, ISPLIT walk chunks each, times H.
 inline int intra_launch(IntraArgs a, int64_t num_chunks, kdaStream_t stream) {
   if (num_chunks <= 0 || a.H <= 0) return 0;
   int err = kda_prepare<decltype(&kda_intra_kernel), IntraSmem>(&kda_intra_kernel);
   if (err) return err;
   const int64_t items = num_chunks * ISPLIT * a.H;
-  if (items > 0x7fffffff - IITEMS) return (int)kdaErrorInvalidValue;  // (T H / 16 >= 2^31: no memory holds it)
+  if (items > 0x7fffffff - IBLOCK_ITEMS) return (int)kdaErrorInvalidValue;  // (T H / 16 >= 2^31: no memory holds it)
   a.n_items = (int)items;
   a.vec = intra_vec(a);
-  const unsigned blocks = (unsigned)((items + IITEMS - 1) / IITEMS);
-  KDA_LAUNCH_KERNEL(kda_intra_kernel, dim3(blocks), THREADS, kda_dyn_smem(sizeof(IntraSmem)), stream)(a);
+  const unsigned blocks = (unsigned)((items + IBLOCK_ITEMS - 1) / IBLOCK_ITEMS);
+  KDA_LAUNCH_KERNEL(kda_intra_kernel, dim3(blocks), ITHREADS, kda_dyn_smem(sizeof(IntraSmem)), stream)(a);
   return (int)kdaGetLastError();
 }
 

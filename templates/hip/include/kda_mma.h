@@ -123,6 +123,101 @@ __device__ __forceinline__ int kda_c_row(int j) { return 4 * (kda_mma_lane() >> 
 __device__ __forceinline__ int kda_c_col(int) { return kda_mma_lane() & 15; }
 #endif
 
+// ------------------------------------------------------------- the A layout as an elementwise layout
+// A wave that holds a 16 x KDA_MMA_K tile in A-fragment order can compute on it element by element and feed it
+// to the matrix layer with no data movement (kda_intra.h's wave design). What crosses lanes, per layer:
+//   kda_a_scan_rows(x)        x[i] becomes the sum of column kda_a_col(i) over rows 0 .. kda_a_row(i)
+//   kda_a_at_row<R>(x, y)     y[i] = x at (R, kda_a_col(i))
+//   kda_a_row_total(x, y)     y[i] = the sum of x over every element of row kda_a_row(i) in the wave
+//   kda_a_as_bt(a, b)         B = X^T from X's A fragment (the 16 rows of X become B's 16 columns)
+// Every lane of the wave must call them (shuffles).
+#if KDA_MMA_LAYER == KDA_LAYER_SM90_MMA
+// Lane (g, t) holds rows g (elements with bit 1 clear) and g + 8 (bit 1 set) of columns 2t, 2t + 1, 2t + 8, 2t + 9:
+// the scan runs over g (lanes 4 apart), then rows 8-15 add the column's total over rows 0-7 (lane 28 + t).
+__device__ __forceinline__ void kda_a_scan_rows(float (&x)[KDA_A_ELEMS]) {
+  const int lane = kda_mma_lane(), g = lane >> 2;
+#pragma unroll
+  for (int i = 0; i < KDA_A_ELEMS; ++i) {
+    if (i & 2) continue;
+    float lo = x[i], hi = x[i | 2];
+#pragma unroll
+    for (int d = 1; d < 8; d <<= 1) {
+      const float a = kda_shfl_idx(lo, lane - 4 * d), b = kda_shfl_idx(hi, lane - 4 * d);
+      if (g >= d) {
+        lo += a;
+        hi += b;
+      }
+    }
+    x[i] = lo;
+    x[i | 2] = hi + kda_shfl_idx(lo, 28 + (lane & 3));
+  }
+}
+template <int R>
+__device__ __forceinline__ void kda_a_at_row(const float (&x)[KDA_A_ELEMS], float (&y)[KDA_A_ELEMS]) {
+  const int src = 4 * (R % 8) + (kda_mma_lane() & 3);
+#pragma unroll
+  for (int i = 0; i < KDA_A_ELEMS; ++i) {
+    if (i & 2) continue;
+    y[i] = y[i | 2] = kda_shfl_idx(x[(i & ~2) | (R / 8) * 2], src);
+  }
+}
+__device__ __forceinline__ void kda_a_row_total(const float (&x)[KDA_A_ELEMS], float (&y)[KDA_A_ELEMS]) {
+  const int lane = kda_mma_lane();
+  float s[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < KDA_A_ELEMS; ++i) s[(i >> 1) & 1] += x[i];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    s[h] += kda_shfl_idx(s[h], lane ^ 1);
+    s[h] += kda_shfl_idx(s[h], lane ^ 2);
+  }
+#pragma unroll
+  for (int i = 0; i < KDA_A_ELEMS; ++i) y[i] = s[(i >> 1) & 1];
+}
+// b_i = X[g + 8 (i >> 2)][2t + (i & 1) + 8 ((i & 3) >> 1)] is a_j with j = (i & 1) + 4 ((i & 3) >> 1) + 2 (i >> 2).
+__device__ __forceinline__ void kda_a_as_bt(const kda_frag_a& a, kda_frag_b& b) {
+#pragma unroll
+  for (int i = 0; i < KDA_B_ELEMS; ++i) b.x[i] = a.x[(i & 1) + 4 * ((i & 3) >> 1) + 2 * (i >> 2)];
+}
+#else
+// Lane l holds row l % 16 of columns KDA_KPL (l / 16) + j: the scan runs over the 16 lanes of a row group.
+__device__ __forceinline__ void kda_a_scan_rows(float (&x)[KDA_A_ELEMS]) {
+  const int lane = kda_mma_lane(), r = lane & 15;
+#pragma unroll
+  for (int j = 0; j < KDA_A_ELEMS; ++j) {
+    float v = x[j];
+#pragma unroll
+    for (int d = 1; d < 16; d <<= 1) {
+      const float a = kda_shfl_idx(v, lane - d);
+      if (r >= d) v += a;
+    }
+    x[j] = v;
+  }
+}
+template <int R>
+__device__ __forceinline__ void kda_a_at_row(const float (&x)[KDA_A_ELEMS], float (&y)[KDA_A_ELEMS]) {
+  const int src = R + (kda_mma_lane() & ~15);
+#pragma unroll
+  for (int j = 0; j < KDA_A_ELEMS; ++j) y[j] = kda_shfl_idx(x[j], src);
+}
+__device__ __forceinline__ void kda_a_row_total(const float (&x)[KDA_A_ELEMS], float (&y)[KDA_A_ELEMS]) {
+  const int lane = kda_mma_lane();
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < KDA_A_ELEMS; ++j) s += x[j];
+  s += kda_shfl_idx(s, lane ^ 16);
+  s += kda_shfl_idx(s, lane ^ 32);
+#pragma unroll
+  for (int j = 0; j < KDA_A_ELEMS; ++j) y[j] = s;
+}
+// A and B share the lane map with k and the row / column swapped: X^T's B fragment is X's A fragment.
+__device__ __forceinline__ void kda_a_as_bt(const kda_frag_a& a, kda_frag_b& b) {
+  static_assert(KDA_A_ELEMS == KDA_B_ELEMS, "A and B fragments of one size");
+#pragma unroll
+  for (int j = 0; j < KDA_B_ELEMS; ++j) b.x[j] = a.x[j];
+}
+#endif
+
 // KDA_KRUN: elements i .. i + KDA_KRUN - 1 (i a multiple of KDA_KRUN) of an A or B fragment share their
 // row (A) / column (B) and have consecutive k. When k is the contiguous memory direction (SK == 1) the
 // loads below read each run as one aligned vector: the caller keeps p and the other stride multiples of

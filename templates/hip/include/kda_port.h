@@ -43,6 +43,8 @@ __device__ __forceinline__ float kda_rsqrt(float x) {
 __device__ __forceinline__ uint32_t kda_f2u(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ float kda_u2f(uint32_t x) { return __uint_as_float(x); }
 __device__ __forceinline__ float kda_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+// Lane `src` of the warp's value (src taken modulo the warp: a negative one reads some lane, the caller discards it).
+__device__ __forceinline__ float kda_shfl_idx(float v, int src) { return __shfl_sync(0xffffffffu, v, src & 31); }
 __device__ __forceinline__ float kda_fast_div(float a, float b) { return __fdividef(a, b); }
 __device__ __forceinline__ void kda_wave_sync() { __syncwarp(); }
 // 16 bytes global -> LDS without a register round trip (cp.async, sm_80 and later), zeros when !valid (src is
@@ -161,6 +163,9 @@ __device__ __forceinline__ int kda_lane() {
 __device__ __forceinline__ float kda_shfl_xor(float v, int m) {
   int src = (kda_lane() ^ m) << 2;
   return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src, __builtin_bit_cast(int, v)));
+}
+__device__ __forceinline__ float kda_shfl_idx(float v, int src) {
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((src & 63) << 2, __builtin_bit_cast(int, v)));
 }
 #endif
 

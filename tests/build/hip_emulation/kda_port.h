@@ -142,6 +142,16 @@ inline kda_emu_regs kda_emu_slot[1024];
 inline float kda_emu_tile[1024 / 32][16][16];
 inline void kda_emu_wave_sync() { (*kda_emu_wave_barriers)[threadIdx.x / KDA_WARP]->arrive_and_wait(); }
 inline void kda_wave_sync() { kda_emu_wave_sync(); }
+// Lane `src` (modulo the wave) of the wave's value: a wave-level exchange, so that waves of one block run apart.
+inline float kda_emu_wxchg[1024];
+inline float kda_shfl_idx(float v, int src) {
+  const unsigned lane = threadIdx.x % KDA_WARP, base = threadIdx.x - lane;
+  kda_emu_wxchg[threadIdx.x] = v;
+  kda_emu_wave_sync();
+  const float r = kda_emu_wxchg[base + ((unsigned)src & (KDA_WARP - 1))];
+  kda_emu_wave_sync();
+  return r;
+}
 
 // The common skeleton. Loc describes the instruction from the ISA: for each element of A (M x KD),
 // B (KD x N) and C/D (M x N), the lane holding it and the index of that element in the lane's operand

@@ -139,7 +139,8 @@ HIP_THREADS = 256
 # tiles, each thread half the row layout's columns: one 8-wave workgroup per CU is 2 waves per SIMD. The row
 # layout then needs K a multiple of 64 (a thread's K / 32 columns are whole bf16 pairs).
 HIP_WIDE_THREADS = 512
-HIP_INTRA_WAVES = 1  # kda_intra.h INTRA_WAVES: the wave design's waves per workgroup
+HIP_INTRA_WAVES = 2  # kda_intra.h INTRA_WAVES: the wave design's waves per workgroup (two share the 1 KB each
+# workgroup reserves: 14 waves per H200 SM against 13 at one, 2026-12-04)
 HIP_WALK_WAVES = 8  # kda_walk.h WALK_WAVES
 HIP_WALK_STAGES = 2  # kda_walk.h WALK_STAGES
 # K: a multiple of 32 (kda_intra's row layout packs each thread's K / 16 columns in bf16 pairs, and gfx950's MFMA
@@ -160,10 +161,11 @@ def hip_intra_lds(head_dim_k: int, head_dim_v: int, target: str, wave: bool | No
     K, V, ir = head_dim_k, head_dim_v, 16
     ikp = max(ir, TARGETS[target].hip_mma_k)
     if TARGETS[target].hip_intra_wave if wave is None else wave:
-        # IntraWaveSmem per wave: the q / k tiles (max(K, V) wide), g / KW and v (ikp rows), T and T diag(beta),
-        # A and TF (fp32), beta
-        tiles = 2 * _r16(ir * (max(K, V) + 8) * 2) + _r16(ikp * (K + 8) * 2) + _r16(ikp * (V + 8) * 2)
-        return HIP_INTRA_WAVES * _r16(tiles + 2 * _r16(ir * (ikp + 8) * 2) + 2 * _r16(ir * (ir + 4) * 4) + ir * 4)
+        # IntraWaveSmem per wave: the q / v tile (max(K, V) wide, ikp rows), the k tile (max(K, V) wide), g / KW
+        # (ikp rows), A (fp32) sharing its space with T and T diag(beta), TF (fp32), beta
+        tiles = _r16(ikp * (max(K, V) + 8) * 2) + _r16(ir * (max(K, V) + 8) * 2) + _r16(ikp * (K + 8) * 2)
+        shared = max(_r16(ir * (ir + 4) * 4), 2 * _r16(ir * (ikp + 8) * 2))
+        return HIP_INTRA_WAVES * _r16(tiles + shared + _r16(ir * (ir + 4) * 4) + ir * 4)
     r1 = _r16(max(ir * K * 4, ikp * (V + 8) * 2))
     r2 = _r16(max(3 * ir * (K + 8) * 2, ir * (K + 8) * 2 + ir * (V + 8) * 2))
     kw, tb, aq = _r16(ikp * (K + 8) * 2), _r16(ir * (ikp + 8) * 2), _r16(ir * ir * 2)

@@ -196,20 +196,26 @@ __device__ __forceinline__ void intra_inverse(S& s, int lane) {
 
 #if KDA_INTRA_WAVE_ON
 // ============================================================================================== Wave design
-// One wave per item, INTRA_WAVES waves per workgroup that never wait for each other: an SM keeps about ten items in
-// flight (LDS-bound) where the block design keeps three, and the only syncs are the wave's own. Per item:
-//  1 q, k, g and v rows into the wave's LDS tiles (16-byte copies, cp.async on CUDA; rows past the end zero);
+// One wave per item, INTRA_WAVES waves per workgroup that never wait for each other: an SM keeps about fourteen items
+// in flight (LDS-bound) where the block design keeps three, and the only syncs are the wave's own. Per item:
+//  1 q, k and g rows into the wave's LDS tiles (16-byte copies, cp.async on CUDA; rows past the end zero);
 //  2 the row norms of q and k, in A-fragment order;
-//  3 per KDA_MMA_K columns: the gate, its cumulative sum over the rows (kda_a_scan_rows), every exp2 factor, then
-//    Aqk += QU KD^T and Akk += KU KD^T straight from registers; qg, kg and KW = beta k exp2(G) / |k| go back into
-//    the tiles the inputs came from, the decay row out;
+//  3 per KDA_MMA_K columns: the gate, its cumulative sum over the rows (kda_a_scan_rows), the exp2 factors, then
+//    Aqk += QU KD^T and Akk += KU KD^T straight from registers; qg out from registers, kg and KW = beta k exp2(G)
+//    / |k| back into the tiles k and g came from, the decay row out; then v's copy into the q tile starts;
 //  4 aqk out, A = diag(beta) Akk (strict) into LDS, T = (I + A)^-1 as TB = bf16(T) and TBb = bf16(T diag(beta));
-//  5 qg and kg out; 6 w = TB KW and u = TBb v on the matrix layer into the q and k tiles; 7 w and u out.
+//  5 kg out; 6 w = TB KW on the matrix layer into the k tile, out; 7 u = TBb v into the k tile, out.
+// v has no tile of its own (the q tile is free once step 3 has read it, and v's copy overlaps steps 4-6) and T shares
+// A's space: 15.9 KB of LDS per wave instead of 21.5, so fourteen waves per H200 SM instead of ten.
+// The factors: e = exp2(G) and d = exp2(Gr - G) per element, exp2(-Gr) and exp2(Gl - Gr) per column (shared by
+// the lane's two rows of it): exp2(G - Gr) = e exp2(-Gr), exp2(Gl - G) = d exp2(Gl - Gr), five MUFU ops per element
+// with the gate's two where each factor's own exp2 took six. Under the gate bound every one is a normal fp32
+// (|G| <= 125, |Gr|, |Gl - Gr| <= 62.5), and the extra rounding (2^-24) is far below the bf16 operands'.
 // For u, beta rides on T's columns (the peer's T diag(beta) factor) rather than on v: 256 products instead of 16 V,
 // and v feeds the matrix layer as loaded, at the same error (v is exact in bf16). For w it stays on k: there T's
 // unit diagonal is exact in bf16 and beta k exp2(G) is rounded once, half the error of rounding beta into T.
 #ifndef INTRA_WAVES
-#define INTRA_WAVES 1
+#define INTRA_WAVES 2  // targets.HIP_INTRA_WAVES: two waves share a workgroup's 1 KB reservation (H200: 14 per SM, not 13)
 #endif
 // Items per wave, one after the other (1: measured fastest on the H200, docs/performance-model.md).
 #ifndef INTRA_WAVE_ITEMS
@@ -230,24 +236,28 @@ constexpr int ILX = (K > V ? K : V) + 8;       // the q / k tiles hold qg / kg, 
 static_assert(K % KDA_MMA_K == 0 && IR == 16, "whole A tiles of 16 rows");
 
 struct alignas(16) IntraWaveSmem {
-  alignas(16) kda_bf16 Q[IR][ILX];   // q, then qg, then w
-  alignas(16) kda_bf16 Kt[IR][ILX];  // k, then kg, then u
+  alignas(16) kda_bf16 Q[IKP][ILX];  // q, then v as bf16 (the B operand of u; rows past IR zero)
+  alignas(16) kda_bf16 Kt[IR][ILX];  // k, then kg, then w, then u
   alignas(16) kda_bf16 G[IKP][ILK];  // g, then KW (the B operand of w; rows past IR zero)
-  alignas(16) kda_bf16 Vt[IKP][ILV]; // v as bf16 (the B operand of u; rows past IR zero)
-  alignas(16) kda_bf16 TB[IR][ILT];   // T
-  alignas(16) kda_bf16 TBb[IR][ILT];  // T diag(beta)
-  alignas(16) float A[IR][ILA];
+  union {  // A is read by the inverse's first two phases, T and T diag(beta) written by its last
+    alignas(16) float A[IR][ILA];
+    struct {
+      alignas(16) kda_bf16 TB[IR][ILT];   // T
+      alignas(16) kda_bf16 TBb[IR][ILT];  // T diag(beta)
+    };
+  };
   alignas(16) float TF[IR][ILA];
   float beta[IR];
 };
 struct alignas(16) IntraSmem {
   IntraWaveSmem w[IWAVES];
 };
-// CUDA: resident workgroups per SM as the LDS allows (227 KB, 1 KB reserved per workgroup), at most 16; the launch
-// bound leaves each thread the registers of that many.
+// CUDA: resident workgroups per SM as the LDS allows (227 KB, 1 KB reserved per workgroup), at most 16 waves (a
+// scheduler's four, 128 registers each: fewer spill); the launch bound leaves each thread the registers of that many.
 #ifndef INTRA_WAVE_BLOCKS_PER_SM
 #define INTRA_WAVE_BLOCKS_PER_SM \
-  ((int)(232448 / (sizeof(kda::IntraSmem) + 1024)) < 16 ? (int)(232448 / (sizeof(kda::IntraSmem) + 1024)) : 16)
+  ((int)(232448 / (sizeof(kda::IntraSmem) + 1024)) < 16 / kda::IWAVES ? (int)(232448 / (sizeof(kda::IntraSmem) + 1024)) \
+                                                                       : 16 / kda::IWAVES)
 #endif
 
 // Every projection moves in 16-byte runs, or element by element where its strides or base do not allow them.
@@ -313,6 +323,14 @@ __device__ __forceinline__ void intra_wave_put(kda_bf16* tile, const float (&x)[
     *reinterpret_cast<uint32_t*>(tile + kda_a_row(i) * LD + kda_a_col(i)) = kda_f32x2_to_bf16x2(x[i], x[i + 1]);
 }
 __device__ __forceinline__ float intra_io(kda_bf16 x) { return kda_io_to_f32((kda_io)x); }  // an I/O element
+// This lane's elements of an A-fragment-ordered tile (fp32) out to rows < L of a workspace tensor (row stride
+// `step`) as bf16, pairs of columns per 32-bit store (elements 2j, 2j + 1 are adjacent columns on every layer).
+__device__ __forceinline__ void intra_wave_store(kda_bf16* dst, int64_t step, int L, const float (&x)[IE]) {
+#pragma unroll
+  for (int i = 0; i < IE; i += 2)
+    if (kda_a_row(i) < L)
+      *reinterpret_cast<uint32_t*>(dst + kda_a_row(i) * step + kda_a_col(i)) = kda_f32x2_to_bf16x2(x[i], x[i + 1]);
+}
 
 // dst[:, :N] = T B for a 16 x IKP factor T (row stride ILT) and an IKP x N tile B (row stride LB), 16 columns
 // at a time on the matrix layer; dst has the q / k tiles' row stride.
@@ -348,7 +366,7 @@ __global__ KDA_LAUNCH_BOUNDS_SM(ITHREADS, INTRA_WAVE_BLOCKS_PER_SM) void kda_int
   IntraWaveSmem& s = sm.w[wave];
   if (IKP > IR) {  // the zero rows of the w / u products' B tiles (items write rows < IR only)
     for (int i = lane; i < (IKP - IR) * ILK; i += KDA_WARP) s.G[IR + i / ILK][i % ILK] = 0;
-    for (int i = lane; i < (IKP - IR) * ILV; i += KDA_WARP) s.Vt[IR + i / ILV][i % ILV] = 0;
+    for (int i = lane; i < (IKP - IR) * ILX; i += KDA_WARP) s.Q[IR + i / ILX][i % ILX] = 0;
   }
   const int first = ((int)blockIdx.x * IWAVES + wave) * IITEMS;
   const int end = first + IITEMS < p.n_items ? first + IITEMS : p.n_items;
@@ -367,14 +385,12 @@ __global__ KDA_LAUNCH_BOUNDS_SM(ITHREADS, INTRA_WAVE_BLOCKS_PER_SM) void kda_int
     intra_wave_in<K, ILX>(&s.Kt[0][0], p.k + h * p.sk_h, p.sk_t, t0, L, p.vec & 4, lane);
     intra_wave_in<K, ILK>(&s.G[0][0], p.g + h * p.sg_h, p.sg_t, t0, L, p.vec & 1, lane);
     kda_copy_commit();
-    intra_wave_in<V, ILV>(&s.Vt[0][0], p.v + h * p.sv_h, p.sv_t, t0, L, p.vec & 8, lane);
-    kda_copy_commit();
     if (lane < IR)
       s.beta[lane] = lane < L ? kda_sigmoid(kda_io_to_f32(p.beta[(t0 + lane) * p.sb_t + h * p.sb_h])) : 0.f;
     const float a_log = p.A_log[h];
     const float cexp = -kda_exp(a_log > A_LOG_MAX ? A_LOG_MAX : a_log) * RCP_LN2;  // (the A_log clamp: the block design's gate)
     const float lbv = p.lower_bound * RCP_LN2;
-    kda_copy_wait<1>();  // q, k and g landed (v may still be in flight)
+    kda_copy_wait<0>();  // q, k and g landed
     kda_wave_sync();
 
     // ---- 2: row norms -------------------------------------------------------------------------------------
@@ -439,17 +455,25 @@ __global__ KDA_LAUNCH_BOUNDS_SM(ITHREADS, INTRA_WAVE_BLOCKS_PER_SM) void kda_int
         kda_a_scan_rows(G);
         kda_a_at_row<IREF>(G, Gr);
         kda_a_at_row<IR - 1>(G, Gl);
+        // Per column: exp2(-Gr) and exp2(Gl - Gr). kda_a_at_row gives a lane's elements of one column the same
+        // value, so the compiler computes each once per column.
+        float up[IE], down[IE];
+#pragma unroll
+        for (int i = 0; i < IE; ++i) {
+          up[i] = kda_exp2(-Gr[i]);
+          down[i] = kda_exp2(Gl[i] - Gr[i]);
+        }
         kda_frag_a qu, ku, kd;
 #pragma unroll
         for (int i = 0; i < IE; ++i) {
           const float qn = intra_io(qa[b].x[i]) * rq[i], kn = intra_io(ka[b].x[i]) * rk[i];
-          const float e = kda_exp2(G[i]), er = kda_exp2(G[i] - Gr[i]);
+          const float e = kda_exp2(G[i]), d = kda_exp2(Gr[i] - G[i]), er = e * up[i];
           qg[b][i] = qn * e;
           kw[b][i] = kn * (e * s.beta[kda_a_row(i)]);
-          kg[b][i] = kn * kda_exp2(Gl[i] - G[i]);
+          kg[b][i] = kn * (d * down[i]);
           qu.x[i] = kda_f32_to_bf16(qn * er);
           ku.x[i] = kda_f32_to_bf16(kn * er);
-          kd.x[i] = kda_f32_to_bf16(kn * kda_exp2(Gr[i] - G[i]));
+          kd.x[i] = kda_f32_to_bf16(kn * d);
         }
 #pragma unroll
         for (int i = 0; i < IE; ++i)
@@ -459,15 +483,20 @@ __global__ KDA_LAUNCH_BOUNDS_SM(ITHREADS, INTRA_WAVE_BLOCKS_PER_SM) void kda_int
         kda_mma16(cq, qu, kdt);
         kda_mma16(ck, ku, kdt);
       }
+#pragma unroll
+      for (int b = 0; b < IKB; ++b)  // qg out from registers, pairs of columns per 32-bit store
+        intra_wave_store(p.qg + (t0 * p.H + h) * K + kb0 + b * KDA_MMA_K, (int64_t)p.H * K, L, qg[b]);
       kda_wave_sync();  // every lane's fragment reads of these blocks are done before they are overwritten
 #pragma unroll
       for (int b = 0; b < IKB; ++b) {
         const int kb = kb0 + b * KDA_MMA_K;
-        intra_wave_put<ILX>(&s.Q[0][0] + kb, qg[b]);
         intra_wave_put<ILX>(&s.Kt[0][0] + kb, kg[b]);
         intra_wave_put<ILK>(&s.G[0][0] + kb, kw[b]);
       }
     }
+    // The q tile is free (the loop's last sync): v's copy into it runs under steps 4-6.
+    intra_wave_in<V, ILX>(&s.Q[0][0], p.v + h * p.sv_h, p.sv_t, t0, L, p.vec & 8, lane);
+    kda_copy_commit();
 
     // ---- 4: aqk out; T = (I + diag(beta) Akk)^-1 as TB and TBb ---------------------------------------------
     kda_wave_sync();
@@ -479,28 +508,31 @@ __global__ KDA_LAUNCH_BOUNDS_SM(ITHREADS, INTRA_WAVE_BLOCKS_PER_SM) void kda_int
       s.A[i][j] = i > j ? ck.x[e] * s.beta[i] : 0.f;
     }
     kda_wave_sync();
-    intra_inverse<true>(s, lane);
+    // The inverse's lane addresses from an opaque copy of the lane: computed here, not held live from the kernel's
+    // start (at the 128 registers of 14 waves per SM they otherwise spill).
+    intra_inverse<true>(s, kda_opaque(lane));
 
-    // ---- 5: qg, kg out ---------------------------------------------------------------------------------------
-    intra_wave_out<K, ILX>(p.qg, &s.Q[0][0], t0, L, p.H, h, lane);
+    // ---- 5: kg out -------------------------------------------------------------------------------------------
     intra_wave_out<K, ILX>(p.kg, &s.Kt[0][0], t0, L, p.H, h, lane);
-    kda_copy_wait<0>();  // v landed
     kda_wave_sync();
+
+    // ---- 6: w = TB KW into the k tile, 16 columns per tile, out --------------------------------------------------
+    intra_wave_product<K, ILK>(&s.Kt[0][0], &s.TB[0][0], &s.G[0][0]);
+    kda_wave_sync();
+    intra_wave_out<K, ILX>(p.w, &s.Kt[0][0], t0, L, p.H, h, lane);
+    kda_copy_wait<0>();  // v landed
+    kda_wave_sync();     // (and w's reads of the k tile are done)
 #if KDA_IO_FP16
     for (int e = lane; e < IR * V; e += KDA_WARP) {  // the matrix layer takes bf16: v converted in place
-      kda_bf16& x = s.Vt[e / V][e % V];
+      kda_bf16& x = s.Q[e / V][e % V];
       x = kda_f32_to_bf16(kda_f16_to_f32(x));
     }
     kda_wave_sync();
 #endif
 
-    // ---- 6: w = TB KW, u = TBb v, 16 columns per tile ----------------------------------------------------------
-    intra_wave_product<K, ILK>(&s.Q[0][0], &s.TB[0][0], &s.G[0][0]);
-    intra_wave_product<V, ILV>(&s.Kt[0][0], &s.TBb[0][0], &s.Vt[0][0]);
+    // ---- 7: u = TBb v into the k tile, out ---------------------------------------------------------------------
+    intra_wave_product<V, ILX>(&s.Kt[0][0], &s.TBb[0][0], &s.Q[0][0]);
     kda_wave_sync();
-
-    // ---- 7: w and u out ----------------------------------------------------------------------------------------
-    intra_wave_out<K, ILX>(p.w, &s.Q[0][0], t0, L, p.H, h, lane);
     intra_wave_out<V, ILX>(p.u, &s.Kt[0][0], t0, L, p.H, h, lane);
   }  // items
 }

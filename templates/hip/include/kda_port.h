@@ -218,6 +218,12 @@ __device__ __forceinline__ kda_io kda_f32_to_io(float f) {
 __device__ __forceinline__ float kda_exp(float x) { return kda_exp2(x * 1.4426950408889634f); }
 // 1 / (1 + inf) is 0 here too: the fast division returns 0 for a divisor past 2^126.
 __device__ __forceinline__ float kda_sigmoid(float x) { return kda_fast_div(1.0f, 1.0f + kda_exp(-x)); }
+// x, which the compiler must take as changed here: what is derived from it is computed after this point, so a
+// lane-derived address is not held in a register across a whole kernel.
+__device__ __forceinline__ int kda_opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
 
 // The per-target matrix layer (kda_mma.h; KDA_MMA_LAYER, default from the kernel source's target).
 #include "kda_mma.h"

@@ -34,6 +34,11 @@ Note [Driver launch]
     (which its shared workspace does not allow anyway: the wrapper keeps a plan per thread and stream)
     serialises only this step of each launch and never mixes two runs' parameters.
 
+    The run's tensors' data pointers come from the caller where it has read them (Program.run reads every tensor's
+    once, for the specialisation key, RunKey.with_ptrs): the launch picks its own from that tuple by position, the
+    positions of the tensors among the values of the run that built it (equal keys, equal types, so the same
+    positions). Without them it reads each tensor's data_ptr() itself.
+
     A launch in a thread without a current CUDA context (CUDA_ERROR_INVALID_CONTEXT) makes the context that was
     current when the launcher was built (the one Triton loaded the kernel in) current and retries once, as
     Triton's launcher makes a context current itself. Any other nonzero CUresult is a RuntimeError naming the
@@ -202,10 +207,13 @@ class DriverLaunch:
     fixed value taken from `fixed[i]`. Tensors' data pointers are read on every call, fixed ones too."""
 
     __slots__ = ("name", "_drv", "_grid", "_block", "_shared", "_head", "_stream", "_last_stream", "_ctx",
-                 "_params", "_buf", "_pack", "_tensors", "_fixed_tensors", "_scalars", "_fallback", "_lock")
+                 "_params", "_buf", "_pack", "_tensors", "_run_ptrs", "_fixed_tensors", "_scalars", "_fallback",
+                 "_lock")
 
     def __init__(self, kernel, grid: Sequence[int], dynamic: Sequence[int | None], fixed: Sequence[object],
-                 stream: int, fallback: Callable[[list], None], drv: Driver):
+                 stream: int, fallback: Callable[[list], None], drv: Driver, values: Sequence[object] = ()):
+        """`values`: the run the launch is built for; where given, later calls may pass the data pointers of a run's
+        tensors in their order (positions learnt from it) instead of having each read again."""
         kernel._init_handles()
         meta = kernel.metadata
         self.name = kernel.name if isinstance(getattr(kernel, "name", None), str) else "triton kernel"
@@ -240,14 +248,20 @@ class DriverLaunch:
         struct.pack_into("<" + "".join(SLOT[ty] for _, ty in constants) + "Q" * trailing, self._buf,
                          8 * (len(ptr) + len(scalars)), *(fixed[i] for i, _ in constants), *(0,) * trailing)
         self._tensors = getter([dynamic[i] for i, _ in run_ptrs])
+        at = {v: j for j, v in enumerate(i for i, x in enumerate(values) if isinstance(x, torch.Tensor))}
+        self._run_ptrs = (getter([at[dynamic[i]] for i, _ in run_ptrs])
+                          if values and all(dynamic[i] in at for i, _ in run_ptrs) else None)
         self._fixed_tensors = tuple(fixed[i] for i, _ in fixed_ptrs)
         self._scalars = getter([dynamic[i] for i, _ in scalars])
 
-    def __call__(self, values: list) -> None:
+    def __call__(self, values: list, run_ptrs: tuple | None = None) -> None:
         if hooks_installed():
             self._fallback(values)
             return
-        ptrs = (*map(_DATA_PTR, self._tensors(values)), *map(_DATA_PTR, self._fixed_tensors))
+        if run_ptrs is not None and self._run_ptrs is not None:
+            ptrs = (*self._run_ptrs(run_ptrs), *map(_DATA_PTR, self._fixed_tensors))
+        else:
+            ptrs = (*map(_DATA_PTR, self._tensors(values)), *map(_DATA_PTR, self._fixed_tensors))
         stream = values[self._stream]
         with self._lock:
             last, handle = self._last_stream

@@ -141,7 +141,7 @@ class HipIntraLaunch:
             num_chunks=n_chunks, H=H, lower_bound=self.lower_bound)
         self._launch = lib.launcher(KDA_INTRA_LAUNCH, self.plan_values, INTRA_RUN)
 
-    def __call__(self, values: list, key: tuple | None = None) -> None:
+    def __call__(self, values: list, key: tuple | None = None, ptrs: tuple | None = None) -> None:
         args, keep = self.c_args(values)
         self._launch(args)
         del keep  # the converted tensors outlive the launch that reads them
@@ -202,7 +202,7 @@ class HipWalkLaunch:
             H=H)
         self._launch = lib.launcher(KDA_WALK_LAUNCH, self.plan_values, WALK_RUN)
 
-    def __call__(self, values: list, key: tuple | None = None) -> None:
+    def __call__(self, values: list, key: tuple | None = None, ptrs: tuple | None = None) -> None:
         self._launch(self.c_args(values))
 
     def c_args(self, values: list) -> list:
@@ -235,7 +235,7 @@ class HipPairLaunch:
         self._launch = intra.lib.pair_launcher({**{f"intra_{n}": x for n, x in intra.plan_values.items()},
                                                 **{f"walk_{n}": x for n, x in walk.plan_values.items()}})
 
-    def __call__(self, values: list, key: tuple | None = None) -> None:
+    def __call__(self, values: list, key: tuple | None = None, ptrs: tuple | None = None) -> None:
         args, keep = self.intra.c_args(values)
         self._launch(self._pack(*_PAIR_PICK(args + self.walk.c_args(values))))
         del keep  # the converted tensors outlive the launch that reads them

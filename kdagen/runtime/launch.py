@@ -75,6 +75,11 @@ class RunKey:
         self._last_ints: tuple | None = None
 
     def __call__(self, values: Sequence[object]) -> tuple:
+        return self.with_ptrs(values)[0]
+
+    def with_ptrs(self, values: Sequence[object]) -> tuple[tuple, tuple]:
+        """The key and the data pointers of the values' tensors in their order (the driver launches take them
+        rather than reading each again: Note [Driver launch])."""
         types = tuple(map(type, values))
         if types != self._types:
             self._types = types
@@ -87,7 +92,7 @@ class RunKey:
         tensors = self._tensors(values)
         ptrs = tuple(map(_DATA_PTR, tensors))
         aligned = True if functools.reduce(operator.or_, ptrs, 0) % 16 == 0 else tuple(p % 16 == 0 for p in ptrs)
-        return types, tuple(map(_DTYPE, tensors)), aligned, self._int_key
+        return (types, tuple(map(_DTYPE, tensors)), aligned, self._int_key), ptrs
 
 
 class KernelLaunch:
@@ -128,13 +133,14 @@ class KernelLaunch:
         # instead of asking the driver for the device and its stream on every launch.
         self._stream = list(run_order).index("stream") if "stream" in run_order else None
 
-    def __call__(self, values: list, key: tuple | None = None) -> None:
-        """values: the run's values in `run_order`; key: their spec_key, when direct launches are on."""
+    def __call__(self, values: list, key: tuple | None = None, ptrs: tuple | None = None) -> None:
+        """values: the run's values in `run_order`; key: their spec_key, when direct launches are on; ptrs: the
+        data pointers of the values' tensors in their order, where the caller read them (RunKey.with_ptrs)."""
         compiled = self._compiled
         if compiled is not None and key is not None:
             runner = compiled.get(key)
             if runner is not None:
-                runner(values)
+                runner(values, ptrs)
                 return
             kernel = self._call(*self._pick(values + self._static), **self._kw)
             if kernel is not None and hasattr(kernel, "__getitem__"):
@@ -142,15 +148,15 @@ class KernelLaunch:
             return
         self._call(*self._pick(values + self._static), **self._kw)
 
-    def _direct(self, kernel, values: list) -> tuple[Callable[[list], None], str]:
+    def _direct(self, kernel, values: list) -> tuple[Callable[[list, tuple | None], None], str]:
         """The launch for later runs with this run's key, and which it is (Note [Compiled launch])."""
         grid = tuple(self.grid) + (1,) * (3 - len(self.grid))  # the compiled launcher indexes three dimensions
         runner = kernel[grid]
         pick, static, stream = self._pick, self._static, self._stream
         if stream is None:
-            return (lambda values: runner(*pick(values + static))), "triton: no stream among the run's values"
+            return (lambda values, ptrs=None: runner(*pick(values + static))), "triton: no stream among the run's values"
 
-        def triton_launch(values: list) -> None:
+        def triton_launch(values: list, ptrs: tuple | None = None) -> None:
             runner(*pick(values + static), stream=values[stream])
 
         args = pick(values + static)
@@ -163,7 +169,7 @@ class KernelLaunch:
         fixed = [static[w - base] if w >= base else None for w in where]
         drv = cuda_launch.driver()
         assert drv is not None  # why_not checked it
-        return cuda_launch.DriverLaunch(kernel, grid, dynamic, fixed, stream, triton_launch, drv), "driver"
+        return cuda_launch.DriverLaunch(kernel, grid, dynamic, fixed, stream, triton_launch, drv, values), "driver"
 
     @property
     def launcher(self) -> str:

@@ -375,8 +375,8 @@ class Program:
         return self._chunk + self.walks.get(state_in, ())
 
     def run(self, values: list, state_in: int) -> None:
-        key = self._key(values) if self._key is not None else None
+        key, ptrs = self._key.with_ptrs(values) if self._key is not None else (None, None)
         for launch in self._chunk:
-            launch(values, key)
+            launch(values, key, ptrs)
         for launch in self.walks.get(state_in, ()):
-            launch(values, key)
+            launch(values, key, ptrs)

@@ -158,6 +158,28 @@ def test_the_parameter_array_is_triton_s_less_the_constexprs_then_two_null_scrat
     assert compiled.handles == 1
 
 
+def test_the_run_s_pointers_read_once_by_the_caller_are_picked_by_position(fake):
+    # Program.run reads every tensor's data pointer once (RunKey.with_ptrs) and hands them to each launch: the launch
+    # takes its own from that tuple by the tensors' positions among the run's values, and the fixed ones it reads.
+    from kdagen.runtime.launch import RunKey
+
+    log: list = []
+    y, w = torch.zeros(64), torch.zeros(64, dtype=torch.bfloat16)
+    launch = make_launch(log, FakeCompiled(log), y)
+    x0, x1 = torch.zeros(64), torch.zeros(64)
+    run(launch, [x0, 32, 0.25, 1, w, 7])  # the JIT launch builds the driver launch
+    values = [x1, 48, 0.125, 1, w, 9]
+    key, ptrs = RunKey().with_ptrs(values)
+    assert ptrs == (x1.data_ptr(), w.data_ptr())
+    launch(values, spec_key(values[:-1]), ptrs)
+    launch(values, spec_key(values[:-1]), (0x1000, 0x2000))  # the tuple is what is passed, not re-read
+    launch(values, spec_key(values[:-1]))  # without it, each pointer is read
+    got = [list(c.slot[:8]) for c in calls(fake)]
+    assert [(g[0], g[4], g[5]) for g in got] == [(x1.data_ptr(), y.data_ptr(), w.data_ptr()),
+                                                 (0x1000, y.data_ptr(), 0x2000),
+                                                 (x1.data_ptr(), y.data_ptr(), w.data_ptr())]
+
+
 def test_a_thread_without_a_context_gets_the_kernel_s_and_other_errors_name_the_kernel(fake):
     log: list = []
     x, y, w = torch.zeros(64), torch.zeros(64), torch.zeros(64, dtype=torch.bfloat16)

@@ -7,7 +7,7 @@
 //  the wave design   one wave per item, INTRA_WAVES independent waves per workgroup, INTRA_WAVE_ITEMS each, no
 //                    barrier: the element work runs in the matrix layer's A-fragment order (kda_mma.h "the A
 //                    layout as an elementwise layout"), so the Aqk / Akk operands never leave registers
-//                    ("Wave design"). It needs a matrix layer and about 21 KB of LDS per wave.
+//                    ("Wave design"). It needs a matrix layer and about 16 KB of LDS per wave.
 //
 // The Triton kernel kda_intra at intra_rows 16 computes the same workspace (docs/design.md, "The chunk stages";
 // docs/performance-model.md, "Per-kernel times as last measured" and "HIP kernel knobs"). A walk chunk

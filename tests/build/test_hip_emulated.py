@@ -519,7 +519,7 @@ def test_the_pair_launch_is_the_two_launches(tmp_path, monkeypatch, set_interpre
             with monkeypatch.context() as m:
                 if two_launches:
                     m.setattr(fused_path.HipPairLaunch, "__call__",
-                              lambda self, values, key=None: (self.intra(values), self.walk(values)))
+                              lambda self, values, key=None, ptrs=None: (self.intra(values), self.walk(values)))
                 out = torch.full((1, T, H, V), float("nan"), dtype=torch.bfloat16)
                 ck = torch.full((2, H, V, K), float("nan"))
                 o, final = plan.run(x["q"], x["k"], x["v"], x["raw_g"].float(), x["raw_beta"].float(), x["A_log"],

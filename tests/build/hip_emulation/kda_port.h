@@ -92,6 +92,8 @@ inline void kda_copy_wait() {}
 inline void kda_copy_wait_all() {}
 inline float kda_sigmoid(float x) { return 1.0f / (1.0f + kda_exp(-x)); }
 inline float kda_rsqrt(float x) { return 1.0f / kda_sqrt(x); }
+// The device port's register barrier has no meaning for the CPU compiler's scheduling: the value itself.
+inline int kda_opaque(int x) { return x; }
 
 // Run `body` as a grid of (gx, gy, gz) blocks of `threads` threads, block after block.
 inline void kda_emu_launch(unsigned gx, unsigned gy, unsigned threads, const std::function<void()>& body,

@@ -23,7 +23,8 @@ its plan's launches used.
 
 With --cuda the tensors are on the GPU and the launches are real: each sample drains the device first, so
 the figure is the host time of one call on an idle device (the bench's host column), and `add_` is one
-launch of torch's add kernel. --triton-launcher keeps Triton's compiled launcher where the driver launch
+launch of torch's add kernel. A second figure, "back to back", times 20 calls in a row after one drain (the
+host of a serving loop runs ahead of the device), per call, against 20 `add_` timed the same way. --triton-launcher keeps Triton's compiled launcher where the driver launch
 (Note [Driver launch]) would be used, for an A/B of the two in one process.
 """
 
@@ -154,6 +155,12 @@ def main() -> None:
             rounds[name].append(_median_us(f, n, sync))
     us = {name: statistics.median(r) for name, r in rounds.items()}
     add_us, call_us, run_us = us["add"], us["call"], us["run"]
+    if cuda:
+        burst = {name: [] for name in ("add", "call", "run")}
+        for _ in range(15):
+            for name in burst:
+                burst[name].append(_median_us(lambda f=timed[name]: [f() for _ in range(20)], 10, sync) / 20)
+        b2b = {name: statistics.median(r) for name, r in burst.items()}
     how = "on the GPU, idle device per sample" if cuda else "launches no-ops, one torch thread"
     print(f"H={H} T={T} N={N}, {how} (median of 15 rounds x {n}):")
     print(f"  pipeline: call {call_plan.pipeline.name}, plan {plan.pipeline.name}"
@@ -162,6 +169,10 @@ def main() -> None:
     print(f"  a.add_(b), 16 floats      {add_us:7.2f} us")
     print(f"  chunk_kda_prefill (cached) {call_us:7.1f} us = {call_us / add_us:5.1f}x add_")
     print(f"  plan.run                   {run_us:7.1f} us = {run_us / add_us:5.1f}x add_")
+    if cuda:
+        print(f"  back to back (20 in a row, per call): add_ {b2b['add']:.2f} us, chunk_kda_prefill "
+              f"{b2b['call']:.1f} us = {b2b['call'] / b2b['add']:.1f}x, plan.run {b2b['run']:.1f} us = "
+              f"{b2b['run'] / b2b['add']:.1f}x")
     if "--pieces" in argv:
         wrapper = call_us - us["call plan.run"]
         print("  pieces of the cached call (its plan):")

@@ -181,7 +181,9 @@ GRID = dict(hip_intra_walks_per_sm=(0.0, 0.125, 0.25, 0.5, 1.0, 1e9),
             walk_programs_per_sm=(1, 2, 3, 4),
             pass1_step=(0.25, 0.5, 1.0),
             scan_step=(0.5, 1.0, 2.5, 5.0),
-            split_max_fill=(0.25, 0.5, 1.0, 2.0))
+            split_max_fill=(0.25, 0.5, 1.0, 2.0),
+            split_step=(0.0, 2.0, 4.0, 8.0),
+            hip_walk_step=(0.6, 0.7, 0.8, 0.9, 1.0))
 
 
 def fit(args: argparse.Namespace) -> int:

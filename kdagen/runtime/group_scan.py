@@ -19,35 +19,48 @@ _SCAN_STEP = 0.5
 # A block walks its sequence's chunks one after another, so with few (sequence, head, V slice) blocks
 # most SMs idle (one 64K-token sequence with 12 heads: 24 blocks on 132 SMs). G > 1 groups split each
 # walk: pass 1 runs G - 1 groups on V + K rows (B_g and the transfer operator M_g), the scan composes
-# the start states, pass 2 runs G groups on V rows; each walks ceil(chunks / G) chunks. choose_groups
-# models the time as waves of resident blocks x chunk steps per wave and takes the cheapest G; G = 1 is
+# the start states, pass 2 runs G groups on V rows; each walks ceil(chunks / G) chunks of the longest
+# sequence. group_costs models the time as waves of resident blocks x chunk steps per wave, plus the scan's
+# steps and a split's fixed cost (its two extra launches); a ragged batch's blocks count as busy in
+# proportion to their sequence's share of the longest walk. choose_groups takes the cheapest G; G = 1 is
 # the plain walk. Rounding differs between group counts (M_g is applied in fp32, the walk rounds its
 # bf16 operands per chunk), so bit-reproducible checkpoints across differently cut prefills need a
 # fixed G: groups=1 (or KDAGEN_TRITON_GROUPS=1 for an experiment) pins it; checkpointing plans keep G = 1
 # unless asked otherwise (pipeline.choose_pipeline).
 
 
-def choose_groups(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
-                  blocks_per_sm: int, *, pass1_step: float = 1.0, scan_step: float = _SCAN_STEP,
-                  longest: int = 0) -> int:
-    """The group count of the recurrence walk; see Note [Group count]. `pass1_step` and `scan_step`: a
-    pass-1 chunk step and a scan step in units of a pass-2 chunk step; `longest`: the longest sequence's
-    chunks where known (a ragged batch's walk ends with its longest sequence), else the mean stands in."""
+def group_costs(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
+                blocks_per_sm: int, *, pass1_step: float = 1.0, scan_step: float = _SCAN_STEP,
+                split_step: float = 0.0, longest: int = 0) -> dict[int, float]:
+    """The modelled time of the walk at each candidate group count, in pass-2 chunk steps (Note [Group
+    count]). `pass1_step` and `scan_step`: a pass-1 chunk step and a scan step in units of a pass-2 chunk step;
+    `split_step`: what a split costs once (its two extra launches); `longest`: the longest sequence's chunks
+    where known (a ragged batch's walk ends with its longest sequence), else the mean stands in."""
     if num_seqs <= 0 or total_chunks <= 0:
-        return 1
+        return {1: 0.0}
     cap = max(sms * blocks_per_sm, 1)
     per_seq = max(-(-total_chunks // num_seqs), longest)
-    base = num_seqs * H * -(-V // v_slice)  # pass-2 blocks per group
+    # Pass-2 blocks per group that stay busy, on average over the longest walk: a ragged batch's short
+    # sequences finish early and free their SMs (equal sequences: all of them).
+    base = num_seqs * H * -(-V // v_slice) * min(total_chunks / (num_seqs * per_seq), 1.0)
 
     def cost(g: int) -> float:
         steps = -(-per_seq // g)
         c = math.ceil(base * g / cap) * steps
         if g > 1:
-            c += math.ceil(base * (V + K) / V * (g - 1) / cap) * steps * pass1_step + g * scan_step
+            c += math.ceil(base * (V + K) / V * (g - 1) / cap) * steps * pass1_step + g * scan_step + split_step
         return c
 
-    cands = [1] + [g for g in (2, 3, 4, 6, 8, 12, 16, 24, MAX_GROUPS) if 2 * g <= per_seq]
-    return min(cands, key=lambda g: (cost(g), g))
+    return {g: cost(g) for g in [1] + [g for g in (2, 3, 4, 6, 8, 12, 16, 24, MAX_GROUPS) if 2 * g <= per_seq]}
+
+
+def choose_groups(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
+                  blocks_per_sm: int, *, pass1_step: float = 1.0, scan_step: float = _SCAN_STEP,
+                  split_step: float = 0.0, longest: int = 0) -> int:
+    """The group count of the recurrence walk: the cheapest of group_costs (Note [Group count])."""
+    costs = group_costs(num_seqs, H, total_chunks, K, V, v_slice, sms, blocks_per_sm, pass1_step=pass1_step,
+                        scan_step=scan_step, split_step=split_step, longest=longest)
+    return min(costs, key=lambda g: (costs[g], g))
 
 
 @functools.lru_cache(maxsize=None)

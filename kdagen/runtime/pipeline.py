@@ -27,8 +27,9 @@ Note [Pipelines]
     Under "auto" (`_auto`): the Triton program (triton_intra where the gate allows, else triton_pair) unless
     the fused path was asked for and its library is built; then hip_intra where the gate allows and the walks
     fill enough of the GPU (RULES), followed by hip_walk where the library has it, no group split was asked
-    for and the sequences are long enough for it (RULES: shorter ones take the grouped triton_walk where a
-    Triton variant can follow hip_intra). A fused request whose gate the HIP kernels cannot take runs the Triton
+    for, the sequences are long enough for it and the cost model's split of the Triton walk is not under
+    hip_walk_step of its unsplit time (RULES: otherwise the grouped triton_walk, where a Triton variant can
+    follow hip_intra; kda_walk_kernel walks each sequence whole, so a long ragged batch waits on its longest). A fused request whose gate the HIP kernels cannot take runs the Triton
     pipeline. "auto" never picks triton_intra_tb+triton_walk_tb: it is an option until H200 timings say where it
     pays.
 """
@@ -43,7 +44,7 @@ from typing import Any
 import triton
 
 from ..launch_knobs import dense_tuning
-from .group_scan import MAX_FORCED_GROUPS, choose_groups
+from .group_scan import MAX_FORCED_GROUPS, group_costs
 from .launch import RunKey
 
 CHUNK_STAGES = ("triton_intra", "triton_intra_tb", "triton_pair", "hip_intra")
@@ -81,7 +82,9 @@ class Rules:
     walk_programs_per_sm: int  # the group cost model: walks resident per SM
     pass1_step: float  # the group cost model: a pass-1 step in units of a pass-2 step
     scan_step: float  # ... and a scan step (its launch included)
-    split_max_fill: float  # no group split once the plain walk's programs exceed this x SMs
+    split_max_fill: float  # no group split once the plain walk's busy programs exceed this x SMs
+    split_step: float = 0.0  # the group cost model: a split's fixed cost (its two extra launches), in steps
+    hip_walk_step: float = 1.0  # kda_walk_kernel's time over the unsplit triton_walk's after hip_intra
 
 
 # H200 (sm_90), docs/performance-model.md, "The pipeline choice, fitted": `tools/pipeline_fit.py fit` on a sweep of
@@ -98,9 +101,18 @@ class Rules:
 # pipeline's time there). Geomean over that sweep 1.058 -> 1.048 of the fastest, over the first 1.014 -> 1.012;
 # the worst rises 1.34 -> 1.41 (H=6 N=8, long ragged sequences whose fastest walk is a split one, which
 # hip_walk cannot do).
+# The ragged terms (split_max_fill on busy programs, split_step, hip_walk_step, and the cost model's busy blocks):
+# `tools/pipeline_fit.py fit` on both sweeps together (120 batches, 2026-12-04): three of four 84/36 splits agree on
+# split_step 4 and hip_walk_step 0.7 (the fourth on 0 and 0.8). They also preferred split_max_fill 1.0, which
+# scores the same over the 120 (1.0169 against 1.0173) and contradicts the graph timings of equal sequences (96
+# programs lose 2.5-3% at G=2), so it stays 0.5, now of busy programs. Over the 120 the choice goes from 1.030x
+# the fastest measured candidate (worst 1.41x, 15 batches past 1.1x) to 1.017x (worst 1.23x, 9): long ragged
+# batches split the Triton walk after hip_intra where kda_walk_kernel, which cannot split, walked the longest
+# sequence alone (H=6 N=8, longest 13,732 tokens: 1.26 -> 0.90 ms as measured).
 H200_RULES = Rules(hip_intra_walks_per_sm=0.5, hip_intra_long_walks_per_sm=0.25, hip_intra_long_seq_chunks=8.0,
                    triton_intra_max_head_dim_k=128, hip_walk_min_seq_chunks=1.5,
-                   walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5, split_max_fill=0.5)
+                   walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5, split_max_fill=0.5, split_step=4.0,
+                   hip_walk_step=0.7)
 # AMD targets were compile-verified only (no AMD timings): they take the H200's parameters until measured.
 RULES: Mapping[str, Rules] = {"sm_90": H200_RULES}
 
@@ -235,7 +247,7 @@ def choose_pipeline(work: Work, target: Target, *, pipeline: str | None = None,
         reason = f"pipeline={chunk}+{walk} was asked for"
     else:
         chunk, walk, reason = _auto(work, target, groups, rules)
-    g, why_g = _groups(walk, work, target, groups, rules)
+    g, why_g, _ = _groups(walk, work, target, groups, rules)
     return Pipeline((chunk, walk), g, _knobs(chunk, g, work, target), f"{reason}; {why_g}")
 
 
@@ -264,11 +276,17 @@ def _auto(work: Work, target: Target, groups: int | None, rules: Rules) -> tuple
     split_asked = groups is not None and groups > 1
     triton_after = not stage_limits("hip_intra", "triton_walk", work, target, groups)
     short = _short_for_hip_walk(work, rules)
-    if target.hip_walk_threads > 0 and not split_asked and (short is None or not triton_after):
+    # kda_walk_kernel walks each sequence whole, at hip_walk_step of the Triton walk's step: a split pays
+    # where the cost model puts it under that.
+    split, _, gain = (_groups("triton_walk", work, target, groups, rules) if triton_after and not split_asked
+                      else (1, "", 1.0))
+    splits = split > 1 and gain < rules.hip_walk_step
+    if target.hip_walk_threads > 0 and not split_asked and ((short is None and not splits) or not triton_after):
         return "hip_intra", "hip_walk", f"{reason}; hip_walk: the library has kda_walk_kernel"
     walk_why = (f"groups={groups} asked for (hip_walk has no split)" if split_asked
                 else "the library is on the FMA fallback (no kda_walk_kernel)" if target.hip_walk_threads == 0
-                else short)
+                else short or (f"the cost model cuts the walk into {split} groups at {gain:.2f} of its unsplit time, "
+                               f"under kda_walk_kernel's {rules.hip_walk_step:g}, which has no split"))
     if triton_after:
         return "hip_intra", "triton_walk", f"{reason}; triton_walk: {walk_why}"
     raise ValueError(f"use_fused_chunk=True: {walk_why}, and triton_walk cannot follow hip_intra here: "
@@ -310,31 +328,39 @@ def _short_for_hip_walk(work: Work, rules: Rules) -> str | None:
     return None
 
 
-def _groups(walk: str, work: Work, target: Target, forced: int | None, rules: Rules) -> tuple[int, str]:
-    """The walk's group count (Note [Group count]) and why."""
+def _groups(walk: str, work: Work, target: Target, forced: int | None, rules: Rules) -> tuple[int, str, float]:
+    """The walk's group count (Note [Group count]), why, and the cost model's time at that count over its time
+    unsplit (1.0 where it did not choose)."""
     if walk == "hip_walk":
-        return 1, "one group (kda_walk_kernel walks each sequence whole)"
+        return 1, "one group (kda_walk_kernel walks each sequence whole)", 1.0
     if forced is not None:
-        return forced, f"groups={forced} asked for"
+        return forced, f"groups={forced} asked for", 1.0
     if work.checkpoints:
         # At G = 1 a snapshot is bit-identical to the final state of a prefill cut at its offset (what a
         # prefix cache resumes from); under a split it differs by rounding (H200: 6.5e-4 at G = 2, 1.3e-3 at
         # G = 8, K = 128, V = 256, past vLLM's 1e-3 bound for its fused path; docs/performance-model.md,
         # "Checkpoints and the group split").
-        return 1, "one group (checkpoints are written)"
+        return 1, "one group (checkpoints are written)", 1.0
     if target.sms is None:
-        return 1, "one group (no GPU to fill)"
+        return 1, "one group (no GPU to fill)", 1.0
     mod, tun = target.triton, target.tuning
     v_slice = min(tun["block_v"], mod.BV)
     programs = work.n_walks * triton.cdiv(mod.HEAD_DIM_V, v_slice)
-    if programs > rules.split_max_fill * target.sms:
+    # A ragged batch's short walks end early: over the longest walk's time, on average, the programs times the
+    # tokens over (sequences x the longest sequence) are busy (equal sequences: all of them).
+    longest = max(work.max_seq_chunks, -(-work.n_chunks // max(work.n_seq, 1)))
+    busy = programs * work.n_chunks / (max(work.n_seq, 1) * longest)
+    if busy > rules.split_max_fill * target.sms:
         # A split's programs would double up on SMs and share their throughput, which the wave model does not
         # see (H200: 96 programs lose 2.5-3% at G=2, 64 gain 10% at G=3).
-        return 1, f"one group ({programs} walk programs fill the {target.sms} SMs)"
-    g = choose_groups(work.n_seq, work.H, work.n_chunks, mod.HEAD_DIM_K, mod.HEAD_DIM_V, v_slice, target.sms,
-                      rules.walk_programs_per_sm, pass1_step=rules.pass1_step, scan_step=rules.scan_step,
-                      longest=work.max_seq_chunks)
-    return g, f"{g} group{'s' if g > 1 else ''} (the cost model, {programs} walk programs on {target.sms} SMs)"
+        return 1, f"one group ({programs} walk programs, {busy:.0f} busy on average, fill the {target.sms} SMs)", 1.0
+    costs = group_costs(work.n_seq, work.H, work.n_chunks, mod.HEAD_DIM_K, mod.HEAD_DIM_V, v_slice, target.sms,
+                        rules.walk_programs_per_sm, pass1_step=rules.pass1_step, scan_step=rules.scan_step,
+                        split_step=rules.split_step, longest=work.max_seq_chunks)
+    g = min(costs, key=lambda n: (costs[n], n))
+    gain = costs[g] / costs[1] if costs[1] > 0 else 1.0
+    return g, (f"{g} group{'s' if g > 1 else ''} (the cost model, {programs} walk programs, {busy:.0f} busy on "
+               f"average, on {target.sms} SMs)"), gain
 
 
 def _knobs(chunk: str, groups: int, work: Work, target: Target) -> dict[str, int]:

@@ -40,9 +40,10 @@ TARGET = target_of(torch.device("cuda", torch.cuda.current_device()))
 TOKEN_ARGS = ("q", "k", "v", "raw_g", "raw_beta")
 OUT, STATE, ADVERSARIAL = (("fused-gpu", "bf16", q) for q in ("output", "final_state", "adversarial"))
 SEQLENS = [[1], [64], [1024], [4096], [513, 64, 1, 1200], [512] * 6]
-# The HIP pair on every batch: hip_intra at any fill, hip_walk however short the sequences.
+# The HIP pair on every batch: hip_intra at any fill, hip_walk however short the sequences and whatever a split
+# of the Triton walk would save.
 ALWAYS_HIP_INTRA = dataclasses.replace(pipeline.H200_RULES, hip_intra_walks_per_sm=0.0,
-                                       hip_walk_min_seq_chunks=0.0)
+                                       hip_walk_min_seq_chunks=0.0, hip_walk_step=0.0)
 
 if not any(e.backend == "hip" and TARGET in e.targets for e in kdagen_kernels.VARIANTS):
     pytest.skip(f"no generated hip variant declares this device's target {TARGET}", allow_module_level=True)

@@ -27,8 +27,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get(
 
 HIP_PIPELINE = "hip_intra+hip_walk"
 HIP_VARIANTS = [pytest.param(e, id=e.name) for e in kdagen_kernels.VARIANTS if e.backend == "hip"]
-# The HIP pair on every batch of the guarantees test (hip_intra at any fill, hip_walk however short the sequences).
-ALWAYS_HIP = dataclasses.replace(pipeline.H200_RULES, hip_intra_walks_per_sm=0.0, hip_walk_min_seq_chunks=0.0)
+# The HIP pair on every batch of the guarantees test (hip_intra at any fill, hip_walk however short the sequences
+# and whatever a split of the Triton walk would save).
+ALWAYS_HIP = dataclasses.replace(pipeline.H200_RULES, hip_intra_walks_per_sm=0.0, hip_walk_min_seq_chunks=0.0,
+                                 hip_walk_step=0.0)
 DEV = "cuda"
 TOKEN_ARGS = ("q", "k", "v", "raw_g", "raw_beta")
 

@@ -182,7 +182,7 @@ def test_triton_group_count(N, H, chunks, want):
     from kdagen.runtime.pipeline import H200_RULES as R
 
     assert choose_groups(N, H, chunks, 128, 128, 64, 132, R.walk_programs_per_sm, pass1_step=R.pass1_step,
-                         scan_step=R.scan_step) == want
+                         scan_step=R.scan_step, split_step=R.split_step) == want
 
 
 def _walk_groups(n_seq, H, chunks, sms=132, *, checkpoints=False, groups=None, block_v=64):

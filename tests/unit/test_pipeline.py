@@ -56,9 +56,24 @@ def test_more_heads_never_move_from_the_hip_pair_back_to_triton(n_seq, H, more, 
     assert (a.chunk == "hip_intra") == (2 * n_seq * H >= sms or (4 * n_seq * H >= sms and per_seq >= 8)), a.reason
     if a.chunk == "hip_intra" and 2 * n_seq * H < sms:
         assert f"sequences averaging {per_seq:.1f} chunks" in a.reason, a.reason
-    # ... and hip_walk after it where sequences average at least 1.5 chunks (else the grouped triton_walk).
+    # ... and hip_walk after it where sequences average at least 1.5 chunks (else the grouped triton_walk), unless
+    # the cost model's split of the Triton walk beats kda_walk_kernel.
     if a.chunk == "hip_intra":
-        assert a.walk == ("hip_walk" if per_seq >= 1.5 else "triton_walk"), a.reason
+        split = a.groups > 1 and "which has no split" in a.reason
+        assert a.walk == ("hip_walk" if per_seq >= 1.5 and not split else "triton_walk"), a.reason
+
+
+def test_a_long_ragged_batch_splits_the_triton_walk_after_the_hip_intra():
+    # The sweep's H=6 N=8 batch, longest sequence 13,732 tokens (215 chunks) of 37,952: kda_walk_kernel walks the
+    # longest alone (1.26 ms); hip_intra + triton_walk at G=6 took 0.90 ms, at G=1 1.59.
+    ragged = pipeline.Work(n_seq=8, H=6, n_chunks=597, lower_bound=-5.0, use_l2norm=True, checkpoints=False,
+                           max_seq_chunks=215)
+    p = pipeline.choose_pipeline(ragged, _fused())
+    assert p.name == "hip_intra+triton_walk" and p.groups >= 3 and "which has no split" in p.reason, p.reason
+    # The same tokens in equal sequences keep every program busy: no split pays over kda_walk_kernel.
+    even = pipeline.Work(n_seq=8, H=6, n_chunks=597, lower_bound=-5.0, use_l2norm=True, checkpoints=False,
+                         max_seq_chunks=75)
+    assert pipeline.choose_pipeline(even, _fused()).name == "hip_intra+hip_walk"
 
 
 def test_short_sequences_walk_on_triton_after_the_hip_intra():
@@ -80,11 +95,13 @@ def test_the_group_count_is_the_cost_models_cheapest(n_seq, H, chunks, sms):
                                  pipeline.Target("sm_90", sms, MOD, TUN, None))
     assert p.name == "triton_pair+triton_walk"
     r = pipeline.H200_RULES
-    if 2 * n_seq * H * 2 > sms:
+    # Equal sequences but for the rounding of chunks over them: the busy programs are all of them, nearly.
+    busy = n_seq * H * 2 * chunks / (n_seq * -(-chunks // n_seq))
+    if busy > r.split_max_fill * sms:
         assert p.groups == 1
     else:
         assert p.groups == choose_groups(n_seq, H, chunks, 128, 128, 64, sms, r.walk_programs_per_sm,
-                                         pass1_step=r.pass1_step, scan_step=r.scan_step)
+                                         pass1_step=r.pass1_step, scan_step=r.scan_step, split_step=r.split_step)
 
 
 def test_a_triton_chunk_stage_past_k128_is_the_pair():

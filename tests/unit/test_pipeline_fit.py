@@ -21,8 +21,9 @@ spec.loader.exec_module(pipeline_fit)
 from kdagen.runtime.pipeline import H200_RULES as TODAY  # noqa: E402
 
 # The synthetic timings below know one walk per chunk stage and one walk threshold: the hip_walk / triton_walk
-# rule and the long-sequence hip_intra rule stay out of them.
-H200_RULES = pipeline_fit.Rules(**{**TODAY.__dict__, "hip_walk_min_seq_chunks": 0.0, "hip_intra_long_seq_chunks": 1e9})
+# rules (short sequences; a split that beats kda_walk_kernel) and the long-sequence hip_intra rule stay out of them.
+H200_RULES = pipeline_fit.Rules(**{**TODAY.__dict__, "hip_walk_min_seq_chunks": 0.0, "hip_intra_long_seq_chunks": 1e9,
+                                   "hip_walk_step": 0.0})
 
 SMS = 132
 

@@ -80,8 +80,11 @@ def tests(session: nox.Session) -> None:
     TRITON_INTERPRET=1 with the unit and interpreter tests. tests/aot needs the real Triton compiler.
     """
     _install(session, "test", "generate")
-    _pytest(session, "tests/unit", "tests/interp", "tests/e2e", "tests/build", interpret=True)
-    _pytest(session, "tests/aot", interpret=False)
+    # pytest-xdist: one worker per core (the interpreter and the emulation's g++ builds are single-threaded);
+    # serially this session took 28 of CI's 30 minutes on 2 cores.
+    workers = ("-n", "auto")
+    _pytest(session, *workers, "tests/unit", "tests/interp", "tests/e2e", "tests/build", interpret=True)
+    _pytest(session, *workers, "tests/aot", interpret=False)
 
 
 @nox.session

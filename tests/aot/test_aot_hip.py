@@ -33,7 +33,7 @@ from kdagen.amdgcn import budget_misses, read_kernels, waves_per_simd
 from kdagen.render.context import hip_context
 from kdagen.render.env import make_env, render_template
 from kdagen.spec.model import VariantSpec
-from kdagen.targets import HIP_WIDE_THREADS, TARGETS, hip_intra_lds, hip_intra_threads, hip_limits, hip_walk_lds
+from kdagen.targets import HIP_INTRA_WAVES, HIP_WIDE_THREADS, TARGETS, hip_intra_lds, hip_intra_threads, hip_limits, hip_walk_lds
 
 ROOT = Path(__file__).resolve().parents[2]
 HIP_DIR = ROOT / "generated" / "kdagen_kernels" / "hip"
@@ -241,8 +241,8 @@ def test_hip_limits_name_the_limit_and_the_margin():
     assert {hip_intra_threads(256, 256, t, wave=False) for t in ("gfx950", "sm_90")} == {256}
     assert {hip_intra_threads(k, v, t, wave=False) for k, v in ((128, 128), (64, 64), (128, 256), (96, 96))
             for t in TARGETS} == {256}
-    # sm_90 takes the wave design: one warp per workgroup, whatever the head dims.
-    assert {hip_intra_threads(k, v, "sm_90") for k, v in ((128, 128), (256, 256), (96, 96))} == {32}
+    # sm_90 takes the wave design: HIP_INTRA_WAVES independent warps per workgroup, whatever the head dims.
+    assert {hip_intra_threads(k, v, "sm_90") for k, v in ((128, 128), (256, 256), (96, 96))} == {32 * HIP_INTRA_WAVES}
     # K = 224 cannot take the wide row layout (K / 32 columns per thread): the limit and the margin.
     (why,) = hip_limits(224, 128, 64, "bf16", "gfx942")
     assert why.startswith("kda_intra_kernel needs 47936 B of LDS on gfx942: 1 waves per SIMD") and "15168 B over" in why

@@ -284,12 +284,14 @@ __device__ __forceinline__ void intra_wave_in(kda_bf16* dst, const kda_io* src, 
     for (int row = r0; row < IR; row += RP)
       kda_copy16(dst + row * LD + col, g + (row < L ? row : 0) * s_t, row < L);
   } else if (vec) {
-    for (int c = lane; c < IR * CPR; c += KDA_WARP) {
+    // (kda_opaque: else the lane's first row and column are computed at the kernel's start and held, or spilled,
+    // across the whole item)
+    for (int c = kda_opaque(lane); c < IR * CPR; c += KDA_WARP) {
       const int row = c / CPR, col = (c % CPR) * 8;
       kda_copy16(dst + row * LD + col, src + (t0 + (row < L ? row : 0)) * s_t + col, row < L);
     }
   } else {
-    for (int e = lane; e < IR * N; e += KDA_WARP) {
+    for (int e = kda_opaque(lane); e < IR * N; e += KDA_WARP) {
       const int row = e / N, col = e % N;
       dst[row * LD + col] = row < L ? src[(t0 + row) * s_t + col] : (kda_io)0;
     }

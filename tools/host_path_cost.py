@@ -24,8 +24,9 @@ its plan's launches used.
 With --cuda the tensors are on the GPU and the launches are real: each sample drains the device first, so
 the figure is the host time of one call on an idle device (the bench's host column), and `add_` is one
 launch of torch's add kernel. A second figure, "back to back", times 20 calls in a row after one drain (the
-host of a serving loop runs ahead of the device), per call, against 20 `add_` timed the same way. --triton-launcher keeps Triton's compiled launcher where the driver launch
-(Note [Driver launch]) would be used, for an A/B of the two in one process.
+host of a serving loop runs ahead of the device), per call, against 20 `add_` timed the same way.
+--triton-launcher keeps Triton's compiled launcher where the driver launch (Note [Driver launch]) would be
+used, for an A/B of the two in one process.
 """
 
 from __future__ import annotations

@@ -29,6 +29,14 @@ _SCAN_STEP = 0.5
 # unless asked otherwise (pipeline.choose_pipeline).
 
 
+def busy_share(num_seqs: int, total_chunks: int, longest: int = 0) -> float:
+    """The share of a batch's walk programs busy on average over its longest walk (1 for equal sequences): a
+    ragged batch's short sequences finish early and free their SMs. `longest` as in group_costs."""
+    if num_seqs <= 0 or total_chunks <= 0:
+        return 1.0
+    return min(total_chunks / (num_seqs * max(-(-total_chunks // num_seqs), longest)), 1.0)
+
+
 def group_costs(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slice: int, sms: int,
                 blocks_per_sm: int, *, pass1_step: float = 1.0, scan_step: float = _SCAN_STEP,
                 split_step: float = 0.0, longest: int = 0) -> dict[int, float]:
@@ -40,9 +48,7 @@ def group_costs(num_seqs: int, H: int, total_chunks: int, K: int, V: int, v_slic
         return {1: 0.0}
     cap = max(sms * blocks_per_sm, 1)
     per_seq = max(-(-total_chunks // num_seqs), longest)
-    # Pass-2 blocks per group that stay busy, on average over the longest walk: a ragged batch's short
-    # sequences finish early and free their SMs (equal sequences: all of them).
-    base = num_seqs * H * -(-V // v_slice) * min(total_chunks / (num_seqs * per_seq), 1.0)
+    base = num_seqs * H * -(-V // v_slice) * busy_share(num_seqs, total_chunks, longest)  # busy pass-2 blocks a group
 
     def cost(g: int) -> float:
         steps = -(-per_seq // g)

@@ -29,8 +29,8 @@ Note [Pipelines]
     fill enough of the GPU (RULES), followed by hip_walk where the library has it, no group split was asked
     for, the sequences are long enough for it and the cost model's split of the Triton walk is not under
     hip_walk_step of its unsplit time (RULES: otherwise the grouped triton_walk, where a Triton variant can
-    follow hip_intra; kda_walk_kernel walks each sequence whole, so a long ragged batch waits on its longest). A fused request whose gate the HIP kernels cannot take runs the Triton
-    pipeline. "auto" never picks triton_intra_tb+triton_walk_tb: it is an option until H200 timings say where it
+    follow hip_intra; kda_walk_kernel walks each sequence whole, so a long ragged batch waits on its longest).
+    A fused request whose gate the HIP kernels cannot take runs the Triton pipeline. "auto" never picks triton_intra_tb+triton_walk_tb: it is an option until H200 timings say where it
     pays.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 import triton
 
 from ..launch_knobs import dense_tuning
-from .group_scan import MAX_FORCED_GROUPS, group_costs
+from .group_scan import MAX_FORCED_GROUPS, busy_share, group_costs
 from .launch import RunKey
 
 CHUNK_STAGES = ("triton_intra", "triton_intra_tb", "triton_pair", "hip_intra")
@@ -346,10 +346,7 @@ def _groups(walk: str, work: Work, target: Target, forced: int | None, rules: Ru
     mod, tun = target.triton, target.tuning
     v_slice = min(tun["block_v"], mod.BV)
     programs = work.n_walks * triton.cdiv(mod.HEAD_DIM_V, v_slice)
-    # A ragged batch's short walks end early: over the longest walk's time, on average, the programs times the
-    # tokens over (sequences x the longest sequence) are busy (equal sequences: all of them).
-    longest = max(work.max_seq_chunks, -(-work.n_chunks // max(work.n_seq, 1)))
-    busy = programs * work.n_chunks / (max(work.n_seq, 1) * longest)
+    busy = programs * busy_share(work.n_seq, work.n_chunks, work.max_seq_chunks)  # a ragged batch's short walks end early
     if busy > rules.split_max_fill * target.sms:
         # A split's programs would double up on SMs and share their throughput, which the wave model does not
         # see (H200: 96 programs lose 2.5-3% at G=2, 64 gain 10% at G=3).

@@ -33,7 +33,8 @@ from kdagen.amdgcn import budget_misses, read_kernels, waves_per_simd
 from kdagen.render.context import hip_context
 from kdagen.render.env import make_env, render_template
 from kdagen.spec.model import VariantSpec
-from kdagen.targets import HIP_INTRA_WAVES, HIP_WIDE_THREADS, TARGETS, hip_intra_lds, hip_intra_threads, hip_limits, hip_walk_lds
+from kdagen.targets import (HIP_INTRA_WAVES, HIP_WIDE_THREADS, TARGETS, hip_intra_lds, hip_intra_threads, hip_limits,
+                            hip_walk_lds)
 
 ROOT = Path(__file__).resolve().parents[2]
 HIP_DIR = ROOT / "generated" / "kdagen_kernels" / "hip"

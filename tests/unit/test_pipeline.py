@@ -76,6 +76,19 @@ def test_a_long_ragged_batch_splits_the_triton_walk_after_the_hip_intra():
     assert pipeline.choose_pipeline(even, _fused()).name == "hip_intra+hip_walk"
 
 
+def test_a_split_of_a_few_step_walk_does_not_pay_its_launches():
+    # The sweep's H=2 N=23 batch, longest sequence 19 chunks of 106: G=1 0.088 ms, G=4 0.125. Its busy programs
+    # are few, so without split_step's fixed cost the model would split it.
+    from kdagen.runtime.group_scan import choose_groups
+
+    work = pipeline.Work(n_seq=23, H=2, n_chunks=106, lower_bound=None, use_l2norm=False, checkpoints=False,
+                         max_seq_chunks=19)
+    r = pipeline.H200_RULES
+    assert pipeline.choose_pipeline(work, pipeline.Target("sm_90", 132, MOD, TUN, None)).groups == 1
+    assert choose_groups(23, 2, 106, 128, 128, 64, 132, r.walk_programs_per_sm, pass1_step=r.pass1_step,
+                         scan_step=r.scan_step, split_step=0.0, longest=19) > 1
+
+
 def test_short_sequences_walk_on_triton_after_the_hip_intra():
     # 150 sequences of one chunk each at H = 21 (the sweep: 0.201 ms against the HIP pair's 0.259).
     p = pipeline.choose_pipeline(_work(150, 21, 150), _fused())

@@ -288,6 +288,7 @@ def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = Non
 
     from kdagen.bench_worker import Worker
     from kdagen.reference import chunk_kda_prefill_reference, rel_l2
+    from kdagen.runtime.dispatch import clear_plans
 
     workers = workers or {}
     # With workers, this process imports no flash_kda: the workers time the FlashKDA builds.
@@ -341,9 +342,15 @@ def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = Non
                 errs, at = ((rel_l2(o, ref[0]), rel_l2(s, ref[1])), "own") if ref is not None else \
                     (check_errs[name], chk)
                 del o, s
-                shape_rows.append(_row(name, shape, time_call(fn, rep_ms, name), floor, errs, at,
-                                       pipeline_of(name, args, ci, co)))
+                timed = time_call(fn, rep_ms, name)
+                # The wrapper keeps a plan, workspace included, per (thread, stream) it has run on, and every graph
+                # capture runs on a stream of its own: forget them, and this row's plan, before describe() plans
+                # again (96/65536/64 with three kdagen rows ran out of an 80 GB GPU's memory without this).
+                del fn
+                clear_plans()
+                shape_rows.append(_row(name, shape, timed, floor, errs, at, pipeline_of(name, args, ci, co)))
             del ref, args, out  # the next shape's inputs and reference need the memory
+            clear_plans()
             torch.cuda.empty_cache()
             add_peer_ratios(shape_rows)
             rows += shape_rows

@@ -195,3 +195,8 @@ def test_run_bench_times_flashkda_beside_ours_with_errors_ratios_and_pipeline(mo
     assert "+" in rows[0]["pipeline"]  # "<chunk>+<walk>, N groups" from plan.describe()
     head = (tmp_path / "bench.csv").read_text().splitlines()[0].split(",")
     assert head[-4:] == ["best_peer", "best_peer_ms", "vs_best_peer", "vs_fork"] and "pipeline" in head
+    # Each row's plans (the wrapper keeps one per thread and stream, workspace included) are gone after its
+    # timing, so a long run's memory does not grow with the shapes it has timed.
+    from kdagen.runtime import dispatch
+
+    assert not dispatch._last

@@ -100,7 +100,13 @@ class Rules:
 # walks fill a quarter of the SMs and sequences average 8 chunks or more (the HIP pair 0.8-0.9x the Triton
 # pipeline's time there). Geomean over that sweep 1.058 -> 1.048 of the fastest, over the first 1.014 -> 1.012;
 # the worst rises 1.34 -> 1.41 (H=6 N=8, long ragged sequences whose fastest walk is a split one, which
-# hip_walk cannot do).
+# hip_walk cannot do). Lowered to 0.2 (27 walks on 132 SMs) once kda_intra_kernel's wave design made the HIP
+# intra faster than the sweeps saw: one sequence of 32 heads (32 walks, just under a quarter) ran 6-8% faster on
+# hip_intra + the grouped triton_walk than on the Triton pipeline (H100, 2026-12-07, 4096 / 16384 / 65536
+# tokens: 0.426 / 1.528 / 5.875 ms against 0.455 / 1.638 / 6.355), and replayed on both sweeps 0.2 scores
+# 1.0167 of the fastest against 0.25's 1.0173 (worst 1.23x at both; of the two batches it moves, H=15 N=2 over
+# 131-chunk sequences gains 8% and H=31 N=1 over 98 chunks loses 1%, both timed with the older kernel). Below 0.2
+# the sweeps lose (0.175: 1.019, worst 1.38x).
 # The ragged terms (split_max_fill on busy programs, split_step, hip_walk_step, and the cost model's busy blocks):
 # `tools/pipeline_fit.py fit` on both sweeps together (120 batches, 2026-12-04): three of four 84/36 splits agree on
 # split_step 4 and hip_walk_step 0.7 (the fourth on 0 and 0.8). They also preferred split_max_fill 1.0, which
@@ -109,7 +115,7 @@ class Rules:
 # the fastest measured candidate (worst 1.41x, 15 batches past 1.1x) to 1.017x (worst 1.23x, 9): long ragged
 # batches split the Triton walk after hip_intra where kda_walk_kernel, which cannot split, walked the longest
 # sequence alone (H=6 N=8, longest 13,732 tokens: 1.26 -> 0.90 ms as measured).
-H200_RULES = Rules(hip_intra_walks_per_sm=0.5, hip_intra_long_walks_per_sm=0.25, hip_intra_long_seq_chunks=8.0,
+H200_RULES = Rules(hip_intra_walks_per_sm=0.5, hip_intra_long_walks_per_sm=0.2, hip_intra_long_seq_chunks=8.0,
                    triton_intra_max_head_dim_k=128, hip_walk_min_seq_chunks=1.5,
                    walk_programs_per_sm=2, pass1_step=0.5, scan_step=2.5, split_max_fill=0.5, split_step=4.0,
                    hip_walk_step=0.7)

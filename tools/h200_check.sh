@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU check for the device machine (the H200): environment, GPU tests, then the quick
 # benchmark, with logs under $OUT (or ./gpu-out). Usage: bash tools/h200_check.sh [pytest args...]
+# (with pytest-xdist and execnet wheels in .whl/, `-n 6` spreads the tests over six workers on the one GPU).
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH="$PWD:$PWD/generated${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -8,6 +9,14 @@ export PYTHONPATH="$PWD:$PWD/generated${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFE
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+# Optional: another Triton release in place of the machine's, from tools/slim_triton.sh (.whl/triton-*-slim.tar.xz,
+# one at most), run on the machine's CUDA toolkit (its ptxas, cuobjdump and nvdisasm; the slim build has none).
+if ls .whl/triton-*-slim.tar.xz >/dev/null 2>&1; then
+  mkdir -p /tmp/triton-slim && tar xJf "$(ls .whl/triton-*-slim.tar.xz | head -n 1)" -C /tmp/triton-slim \
+    && export PYTHONPATH="/tmp/triton-slim/site:$PYTHONPATH"
+  cuda_bin=$(dirname "$(command -v ptxas || ls /usr/local/cuda/bin/ptxas)")
+  export TRITON_PTXAS_PATH="$cuda_bin/ptxas" TRITON_CUOBJDUMP_PATH="$cuda_bin/cuobjdump" TRITON_NVDISASM_PATH="$cuda_bin/nvdisasm"
 fi
 # Optional FlashKDA for the bench (not committed): its source tarball and a flash_kda_C*.so built on an H200
 # before (MoonshotAI/FlashKDA's own build, about 90 s there) in .peers/; the bench finds `flash_kda` on the path.

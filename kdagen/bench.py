@@ -350,7 +350,6 @@ def run_bench(shapes: list[Shape], out_dir: Path, wanted: list[str] | None = Non
                 clear_plans()
                 shape_rows.append(_row(name, shape, timed, floor, errs, at, pipeline_of(name, args, ci, co)))
             del ref, args, out  # the next shape's inputs and reference need the memory
-            clear_plans()
             torch.cuda.empty_cache()
             add_peer_ratios(shape_rows)
             rows += shape_rows
